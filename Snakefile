@@ -1,0 +1,25 @@
+# lmdecomp: Language Model Decomposition and MPO, as one reproducible DAG.
+# Usage: snakemake --cores all [--configfile config/smoke.yaml]
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "params.yaml"
+
+
+validate(config, "workflow/schemas/params.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/corpus.smk"
+include: "workflow/rules/embed.smk"
+include: "workflow/rules/lmd.smk"
+include: "workflow/rules/figures.smk"
+
+
+rule all:
+    input:
+        "results/lmd/metrics.json",
+        "results/figures/lmd_pairwise.png",
+        "results/figures/lmd_loo.png",

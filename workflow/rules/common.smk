@@ -1,0 +1,23 @@
+# Small helpers that compute rule inputs and arguments from the config.
+from lmdecomp.params import load_params
+
+
+def config_files():
+    """params.yaml plus any --configfile, in Snakemake's merge order."""
+    return ["params.yaml", *[str(f) for f in workflow.overwrite_configfiles if str(f) != "params.yaml"]]
+
+
+# The scripts re-read the config files themselves (as they do under DVC), so values
+# given with --config on the command line would not reach them: refuse those.
+if load_params(config_files()) != config:
+    raise WorkflowError(
+        "--config overrides are not passed to the job scripts; put the values in a YAML file "
+        "and give it with --configfile (it is merged on top of params.yaml)"
+    )
+
+PARAMS = " ".join(config_files())
+MODELS = [m["name"] for m in config["models"]]
+
+
+def embedding_dirs(wildcards=None):
+    return expand("results/embeddings/{model}", model=MODELS)

@@ -1,0 +1,9 @@
+rule corpus:
+    output:
+        "results/corpus/sequences.parquet",
+    params:
+        corpus=config["corpus"],
+    log:
+        "results/logs/corpus.log",
+    shell:
+        "python workflow/scripts/corpus.py --params {PARAMS} --out {output} 2> {log}"

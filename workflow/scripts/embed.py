@@ -1,0 +1,17 @@
+"""Embed the sequences with one model into Parquet shards (see lmdecomp.embed)."""
+
+import argparse
+
+from lmdecomp import embed, models
+from lmdecomp.params import load_params, model_spec
+
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
+parser.add_argument("--model", required=True, help="a name under models: in the config")
+parser.add_argument("--sequences", required=True, help="sequences.parquet from the corpus step")
+parser.add_argument("--out", required=True, help="output folder for shards and manifest.json")
+args = parser.parse_args()
+
+params = load_params(args.params)
+ref = models.resolve(model_spec(params, args.model))
+embed.embed_model(ref, args.sequences, args.out, params["embed"])

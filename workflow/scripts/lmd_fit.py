@@ -1,0 +1,28 @@
+"""Pairwise and leave-one-out LMD fits from the moments (see lmdecomp.lmd)."""
+
+import argparse
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lmdecomp import lmd
+from lmdecomp.atomic import atomic_path, write_text
+from lmdecomp.params import load_params
+
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
+parser.add_argument("--moments", required=True)
+parser.add_argument("--pairwise", required=True, help="output Parquet: basis, target, split, r2, alpha")
+parser.add_argument("--loo", required=True, help="output Parquet: target, split, r2, alpha")
+parser.add_argument("--metrics", required=True, help="output JSON (DVC metrics)")
+args = parser.parse_args()
+
+alpha = float(load_params(args.params)["lmd"]["alpha"])
+moments = lmd.Moments.load(args.moments)
+pairwise = lmd.fit_pairwise(moments, alpha)
+loo = lmd.fit_leave_one_out(moments, alpha)
+for rows, path in ((pairwise, args.pairwise), (loo, args.loo)):
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+write_text(args.metrics, json.dumps(lmd.summary_metrics(pairwise, loo), indent=2, sort_keys=True) + "\n")
