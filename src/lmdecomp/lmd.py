@@ -42,6 +42,15 @@ class LMDError(ValueError):
     """Embeddings or settings that cannot give a well-posed fit."""
 
 
+def blas_threads(threads: int):
+    """Pin the BLAS thread count: a reduction split over a different number of threads
+    rounds differently, and artifacts must not depend on how many cores a job was given
+    (Snakemake sets OMP_NUM_THREADS per job, DVC does not)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=max(1, int(threads)), user_api="blas")
+
+
 @dataclass
 class Moments:
     """Joint float64 moments (count, sum, cross-product) of several models' embeddings per split."""
@@ -101,7 +110,9 @@ class Moments:
             tensors[f"{split}.n"] = np.array([self.n[split]], dtype=np.int64)
             tensors[f"{split}.sum"] = self.sums[split]
             tensors[f"{split}.cross"] = self.cross[split]
-        meta = {"names": json.dumps(self.names), "dims": json.dumps(self.dims)}
+        # One metadata key only: safetensors keeps metadata in a hash map whose order varies
+        # between processes, and the file bytes must not.
+        meta = {"layout": json.dumps({"names": self.names, "dims": self.dims})}
         with atomic_path(path) as tmp:
             save_file(tensors, str(tmp), metadata=meta)
 
@@ -110,8 +121,8 @@ class Moments:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="numpy") as fh:
-            meta = fh.metadata()
-            m = cls(json.loads(meta["names"]), json.loads(meta["dims"]))
+            layout = json.loads(fh.metadata()["layout"])
+            m = cls(layout["names"], layout["dims"])
             for split in SPLITS:
                 m.n[split] = int(fh.get_tensor(f"{split}.n")[0])
                 m.sums[split] = fh.get_tensor(f"{split}.sum")

@@ -3,6 +3,7 @@ rule moments:
         embedding_dirs,
     output:
         "results/lmd/moments.safetensors",
+    threads: config["lmd"]["threads"]
     log:
         "results/logs/moments.log",
     params:
@@ -21,6 +22,7 @@ rule lmd_fit:
         metrics="results/lmd/metrics.json",
     params:
         lmd=config["lmd"],
+    threads: config["lmd"]["threads"]
     log:
         "results/logs/lmd_fit.log",
     shell:

@@ -18,10 +18,11 @@ parser.add_argument("--loo", required=True, help="output Parquet: target, split,
 parser.add_argument("--metrics", required=True, help="output JSON (DVC metrics)")
 args = parser.parse_args()
 
-alpha = float(load_params(args.params)["lmd"]["alpha"])
+cfg = load_params(args.params)["lmd"]
 moments = lmd.Moments.load(args.moments)
-pairwise = lmd.fit_pairwise(moments, alpha)
-loo = lmd.fit_leave_one_out(moments, alpha)
+with lmd.blas_threads(cfg["threads"]):
+    pairwise = lmd.fit_pairwise(moments, cfg["alpha"])
+    loo = lmd.fit_leave_one_out(moments, cfg["alpha"])
 for rows, path in ((pairwise, args.pairwise), (loo, args.loo)):
     with atomic_path(path) as tmp:
         pq.write_table(pa.Table.from_pylist(rows), tmp)

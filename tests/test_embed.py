@@ -1,0 +1,122 @@
+"""Embedding extraction against an explicit one-sequence-at-a-time loop."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from lmdecomp import corpus, embed, models, shards
+
+TEXTS = [
+    "A short one.",
+    "The Quick Brown Fox jumps over the lazy dog, twice, near Zürich on a sunny afternoon.",
+    "Markets rose sharply on Tuesday after the central bank held rates.",
+    "Ok.",
+    "An incredibly long sentence " * 12,
+    "Punctuation!?; and (brackets) [too].",
+    "Numbers like 3.14159 and 2,718 appear.",
+]
+
+
+@pytest.fixture()
+def sequences(tmp_path):
+    import pyarrow as pa
+
+    n = len(TEXTS)
+    table = pa.table(
+        {
+            "seq_id": pa.array(np.arange(n) * 10, type=pa.int64()),
+            "split": ["train", "val", "test", "train", "train", "val", "test"],
+            "text": TEXTS,
+            "n_tokens": pa.array([1] * n, type=pa.int32()),
+            "source": ["t"] * n,
+            "doc_id": [str(i) for i in range(n)],
+            "char_start": pa.array([0] * n, type=pa.int64()),
+            "char_end": pa.array([len(t) for t in TEXTS], type=pa.int64()),
+        },
+        schema=corpus.SEQUENCES_SCHEMA,
+    )
+    path = tmp_path / "sequences.parquet"
+    corpus.write_sequences(table, path)
+    return path
+
+
+def cfg(**over):
+    base = {"layer": -1, "pooling": "mean", "max_length": 40, "batch_tokens": 96, "shard_rows": 3,
+            "threads": 1, "device": "cpu", "dtype": "float32"}
+    base.update(over)
+    return base
+
+
+def reference(folder, text, layer, pooling, max_length):
+    """One sequence at a time, no padding: the pooled state written out by hand."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
+    ids = tok(text, truncation=True, max_length=max_length, return_tensors="pt")
+    with torch.no_grad():
+        h = model(**ids, output_hidden_states=True).hidden_states[layer][0].double().numpy()
+    if pooling == "cls":
+        return h[0]
+    total = np.zeros(h.shape[1])
+    for t in range(h.shape[0]):
+        total += h[t]
+    return total / (h.shape[0] if pooling == "mean" else max_length)
+
+
+@pytest.mark.parametrize("pooling,layer", [("mean", -1), ("padded_mean", 1), ("cls", 0)])
+def test_pooled_embeddings_equal_an_unbatched_loop(tiny_model_dir, sequences, tmp_path, pooling, layer):
+    ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
+    out = tmp_path / "emb"
+    manifest = embed.embed_model(ref, sequences, out, cfg(pooling=pooling, layer=layer), progress=False)
+    parts = list(shards.iter_shards(out))
+    assert [len(p.seq_id) for p in parts] == [3, 3, 1]
+    got = np.concatenate([p.embedding for p in parts])
+    assert np.concatenate([p.seq_id for p in parts]).tolist() == [i * 10 for i in range(len(TEXTS))]
+    for i, text in enumerate(TEXTS):
+        np.testing.assert_allclose(got[i], reference(tiny_model_dir, text, layer, pooling, 40), atol=2e-5)
+    assert manifest["dim"] == 32 and manifest["rows"] == len(TEXTS)
+    assert manifest["truncated_sequences"] == 1  # the long sentence exceeds 40 tokens
+    assert manifest["split_counts"] == {"test": 2, "train": 3, "val": 2}
+    assert manifest["weights_sha256"] == models.weights_sha256(ref.load_model())
+    on_disk = json.loads((out / shards.MANIFEST).read_text())
+    assert on_disk == json.loads(json.dumps(manifest))
+
+
+def test_token_budget_batches_cover_every_row_once_within_budget():
+    lengths = np.array([5, 40, 12, 12, 3, 7, 40, 1, 9])
+    batches = list(embed.token_budget_batches(lengths, batch_tokens=50))
+    seen = np.concatenate(batches)
+    assert sorted(seen.tolist()) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * lengths[b].max() <= 50
+        assert lengths[b[0]] == lengths[b].max()
+
+
+def test_rerun_resumes_from_finished_shards_and_gives_the_same_bytes(tiny_model_dir, sequences, tmp_path):
+    ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
+    out = tmp_path / "emb"
+    embed.embed_model(ref, sequences, out, cfg(), progress=False)
+    before = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    # Simulate a job killed after the first shard: later shards and the manifest are gone.
+    (out / "part-00002.parquet").unlink()
+    (out / "part-00001.parquet").unlink()
+    (out / shards.MANIFEST).unlink()
+    mtime = (out / "part-00000.parquet").stat().st_mtime_ns
+    embed.embed_model(ref, sequences, out, cfg(), progress=False)
+    assert (out / "part-00000.parquet").stat().st_mtime_ns == mtime  # reused, not recomputed
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before
+    # A different plan (another pooling) starts clean instead of mixing shards.
+    embed.embed_model(ref, sequences, out, cfg(pooling="cls"), progress=False)
+    assert json.loads((out / shards.MANIFEST).read_text())["pooling"] == "cls"
+    assert pq.read_table(out / "part-00000.parquet").num_rows == 3
+
+
+def test_bad_layer_is_a_clear_error(tiny_model_dir, sequences, tmp_path):
+    ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
+    with pytest.raises(embed.EmbedError, match="embed.layer=7 but the model has 3 hidden states"):
+        embed.embed_model(ref, sequences, tmp_path / "e", cfg(layer=7), progress=False)

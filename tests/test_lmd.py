@@ -1,0 +1,158 @@
+"""LMD fits against numpy float64 least squares and explicit formulas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lmdecomp import lmd, shards
+
+
+def planted(rng, n, widths, noise=0.3):
+    """Models sharing a latent factor: x_m = latent @ A_m + offset_m + noise."""
+    latent = rng.normal(size=(n, 6))
+    return [latent @ rng.normal(size=(6, w)) + rng.normal(size=w) * 3 + noise * rng.normal(size=(n, w)) for w in widths]
+
+
+def moments_of(blocks, names, split_of_row):
+    m = lmd.Moments(names, [b.shape[1] for b in blocks])
+    x = np.concatenate(blocks, axis=1)
+    for s in lmd.SPLITS:
+        m.update(s, x[split_of_row == s])
+    return m
+
+
+def lstsq_fit(z, u):
+    """Reference: numpy least squares with an explicit bias column."""
+    design = np.hstack([z, np.ones((len(z), 1))])
+    coef, *_ = np.linalg.lstsq(design, u, rcond=None)
+    return coef[:-1].T, coef[-1]
+
+
+def r2_direct(z, u, w, b):
+    resid = u - z @ w.T - b
+    return 1 - (resid**2).sum() / ((u - u.mean(axis=0)) ** 2).sum()
+
+
+@pytest.fixture()
+def data():
+    rng = np.random.default_rng(0)
+    n = 900
+    blocks = planted(rng, n, [7, 5, 9])
+    split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n, p=[0.6, 0.2, 0.2])
+    return blocks, split
+
+
+def test_pairwise_fit_equals_numpy_lstsq(data):
+    blocks, split = data
+    names = ["a", "b", "c"]
+    m = moments_of(blocks, names, split)
+    train = split == "train"
+    for ti, target in enumerate(names):
+        for bi, basis in enumerate(names):
+            if bi == ti:
+                continue
+            fit = lmd.fit_ridge(m, [basis], target, alpha=0.0)
+            w_ref, b_ref = lstsq_fit(blocks[bi][train], blocks[ti][train])
+            np.testing.assert_allclose(fit.weight, w_ref, rtol=1e-8, atol=1e-9)
+            np.testing.assert_allclose(fit.bias, b_ref, rtol=1e-8, atol=1e-8)
+            for s in lmd.SPLITS:
+                rows = split == s
+                expected = r2_direct(blocks[bi][rows], blocks[ti][rows], w_ref, b_ref)
+                assert lmd.r_squared(m, fit, s) == pytest.approx(expected, abs=1e-8)
+
+
+def test_leave_one_out_equals_numpy_lstsq_on_concatenated_basis(data):
+    blocks, split = data
+    names = ["a", "b", "c"]
+    m = moments_of(blocks, names, split)
+    rows = {r["target"] + r["split"]: r["r2"] for r in lmd.fit_leave_one_out(m, alpha=0.0)}
+    train = split == "train"
+    for ti, target in enumerate(names):
+        z = np.hstack([blocks[i] for i in range(3) if i != ti])
+        w, b = lstsq_fit(z[train], blocks[ti][train])
+        for s in lmd.SPLITS:
+            assert rows[target + s] == pytest.approx(r2_direct(z[split == s], blocks[ti][split == s], w, b), abs=1e-8)
+
+
+def test_ridge_matches_explicit_centred_solution(data):
+    blocks, split = data
+    m = moments_of(blocks, ["a", "b", "c"], split)
+    alpha = 0.3
+    fit = lmd.fit_ridge(m, ["a", "c"], "b", alpha)
+    train = split == "train"
+    z = np.hstack([blocks[0], blocks[2]])[train]
+    u = blocks[1][train]
+    zc, uc = z - z.mean(0), u - u.mean(0)
+    n, p = z.shape
+    lam = alpha * np.trace(zc.T @ zc / n) / p  # relative to the mean basis variance
+    w = np.linalg.solve(zc.T @ zc / n + lam * np.eye(p), zc.T @ uc / n).T
+    np.testing.assert_allclose(fit.weight, w, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fit.bias, u.mean(0) - w @ z.mean(0), rtol=1e-9, atol=1e-10)
+    val = split == "val"
+    zv = np.hstack([blocks[0], blocks[2]])[val]
+    assert lmd.r_squared(m, fit, "val") == pytest.approx(r2_direct(zv, blocks[1][val], w, fit.bias), abs=1e-10)
+
+
+def test_exactly_linear_target_has_r2_one():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(400, 6)) * 5 + 2
+    u = z @ rng.normal(size=(6, 4)) + rng.normal(size=4)
+    split = np.array(["train"] * 200 + ["val"] * 100 + ["test"] * 100, dtype=object)
+    m = moments_of([z, u], ["z", "u"], split)
+    fit = lmd.fit_ridge(m, ["z"], "u", 0.0)
+    for s in lmd.SPLITS:
+        assert abs(lmd.r_squared(m, fit, s) - 1.0) < 1e-9
+
+
+def test_least_squares_with_too_few_rows_is_refused():
+    rng = np.random.default_rng(2)
+    z, u = rng.normal(size=(30, 8)), rng.normal(size=(30, 2))
+    split = np.array(["train"] * 6 + ["val"] * 12 + ["test"] * 12, dtype=object)
+    m = moments_of([z, u], ["z", "u"], split)
+    with pytest.raises(lmd.LMDError, match="6 train rows for a basis 8 wide"):
+        lmd.fit_ridge(m, ["z"], "u", 0.0)
+    assert np.isfinite(lmd.r_squared(m, lmd.fit_ridge(m, ["z"], "u", 0.1), "test"))
+
+
+def _write_model(folder, name, ids, splits, emb, rows_per_shard):
+    folder.mkdir(parents=True)
+    entries = []
+    for i, start in enumerate(range(0, len(ids), rows_per_shard)):
+        sl = slice(start, start + rows_per_shard)
+        file = shards.shard_name(i)
+        shards.write_shard(folder / file, ids[sl], list(splits[sl]), emb[sl], 16)
+        entries.append(shards.shard_entry(folder, file, len(ids[sl])))
+    shards.write_manifest(folder, {"schema_version": shards.SCHEMA_VERSION, "model": name,
+                                   "dim": emb.shape[1], "rows": len(ids), "shards": entries})
+
+
+def test_streaming_moments_over_shards_equal_one_in_memory_pass(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 250
+    blocks = [b.astype(np.float32) for b in planted(rng, n, [4, 6, 3])]
+    split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n)
+    ids = np.arange(n, dtype=np.int64)
+    names = ["m0", "m1", "m2"]
+    for name, block in zip(names, blocks):
+        _write_model(tmp_path / name, name, ids, split, block, rows_per_shard=64)
+    streamed = lmd.accumulate_moments({name: tmp_path / name for name in names})
+    x = np.concatenate(blocks, axis=1).astype(np.float64)
+    for s in lmd.SPLITS:
+        rows = x[split == s]
+        assert streamed.n[s] == len(rows)
+        np.testing.assert_allclose(streamed.sums[s], rows.sum(0), rtol=1e-12)
+        np.testing.assert_allclose(streamed.cross[s], rows.T @ rows, rtol=1e-12)
+    streamed.save(tmp_path / "m.safetensors")
+    loaded = lmd.Moments.load(tmp_path / "m.safetensors")
+    assert loaded.names == names and loaded.dims == [4, 6, 3]
+    np.testing.assert_array_equal(loaded.cross["val"], streamed.cross["val"])
+
+
+def test_models_with_different_seq_ids_are_refused(tmp_path):
+    rng = np.random.default_rng(4)
+    split = np.array(["train"] * 40, dtype=object)
+    _write_model(tmp_path / "a", "a", np.arange(40), split, rng.normal(size=(40, 3)).astype(np.float32), 20)
+    _write_model(tmp_path / "b", "b", np.arange(40) + 1, split, rng.normal(size=(40, 3)).astype(np.float32), 20)
+    with pytest.raises(lmd.LMDError, match="different seq_id sets"):
+        lmd.accumulate_moments({"a": tmp_path / "a", "b": tmp_path / "b"})

@@ -1,0 +1,145 @@
+"""The DAG end to end: config/smoke.yaml through Snakemake and through DVC, in a temporary copy.
+
+These run the real engines on the real packaged models and corpus; together they take
+about two minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from lmdecomp import shards
+from lmdecomp.params import load_params
+
+pytestmark = pytest.mark.integration
+
+COPY = ["Snakefile", "params.yaml", "dvc.yaml", "workflow", "config", "src", ".dvc/config", ".dvcignore", ".gitignore"]
+ARTIFACTS = [
+    "results/corpus/sequences.parquet",
+    "results/lmd/moments.safetensors",
+    "results/lmd/pairwise.parquet",
+    "results/lmd/loo.parquet",
+    "results/lmd/metrics.json",
+    "results/figures/lmd_pairwise.png",
+    "results/figures/lmd_loo.png",
+]
+
+
+def env():
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"], "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run(cmd, cwd, check=True, timeout=600):
+    proc = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def copy_repo(repo_root: Path, dest: Path) -> Path:
+    for name in COPY:
+        src = repo_root / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dest / name)
+    run(["git", "init", "-q"], dest)
+    return dest
+
+
+def all_result_files(root: Path) -> dict[str, bytes]:
+    files = {}
+    for path in sorted((root / "results").rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and "/logs/" not in rel and path.name not in (".gitignore", ".snakemake_timestamp"):
+            files[rel] = path.read_bytes()
+    return files
+
+
+@pytest.fixture(scope="module")
+def snakemake_run(repo_root, tmp_path_factory):
+    work = copy_repo(repo_root, tmp_path_factory.mktemp("snakemake"))
+    run(["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml"], work)
+    return work
+
+
+def test_snakemake_smoke_writes_every_artifact(snakemake_run, repo_root):
+    work = snakemake_run
+    params = load_params([repo_root / "params.yaml", repo_root / "config/smoke.yaml"],
+                         repo_root / "workflow/schemas/params.schema.yaml")
+    for rel in ARTIFACTS:
+        assert (work / rel).is_file(), rel
+
+    seqs = pq.read_table(work / "results/corpus/sequences.parquet")
+    assert seqs.num_rows == params["corpus"]["n_sequences"]
+    assert seqs.column("seq_id").to_pylist() == list(range(seqs.num_rows))
+    assert set(seqs.column("split").to_pylist()) == {"train", "val", "test"}
+    assert max(seqs.column("n_tokens").to_pylist()) == params["corpus"]["seq_len"]
+
+    dims = {"minilm": 384, "cassette": 128}
+    for name, dim in dims.items():
+        folder = work / "results/embeddings" / name
+        manifest = shards.read_manifest(folder)
+        for key in ("model", "source", "weights_sha256", "layer", "pooling", "dim", "rows", "tokens", "shards"):
+            assert key in manifest, key
+        assert manifest["dim"] == dim and manifest["rows"] == seqs.num_rows
+        parts = list(shards.iter_shards(folder))  # verifies every checksum
+        ids = np.concatenate([p.seq_id for p in parts])
+        assert ids.tolist() == seqs.column("seq_id").to_pylist()
+        assert len(parts) == -(-seqs.num_rows // params["embed"]["shard_rows"])
+
+    pairwise = pl.read_parquet(work / "results/lmd/pairwise.parquet")
+    loo = pl.read_parquet(work / "results/lmd/loo.parquet")
+    assert pairwise.columns == ["basis", "target", "split", "r2", "alpha"]
+    assert loo.columns == ["target", "split", "r2", "alpha"]
+    assert pairwise.height == 2 * 1 * 3 and loo.height == 2 * 3
+    assert (pairwise["alpha"] == params["lmd"]["alpha"]).all()
+    train = loo.filter(pl.col("split") == "train")["r2"]
+    assert ((train > 0) & (train < 1)).all()
+    metrics = json.loads((work / "results/lmd/metrics.json").read_text())
+    test_r2 = dict(loo.filter(pl.col("split") == "test").select("target", "r2").iter_rows())
+    assert metrics["loo_test_r2"] == pytest.approx(test_r2)
+    assert metrics["loo_test_r2_mean"] == pytest.approx(np.mean(list(test_r2.values())))
+    for png in ("lmd_pairwise.png", "lmd_loo.png"):
+        assert (work / "results/figures" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_dvc_repro_gives_the_same_bytes_and_a_second_repro_does_nothing(snakemake_run, repo_root, tmp_path):
+    work = copy_repo(repo_root, tmp_path)
+    merged = load_params([repo_root / "params.yaml", repo_root / "config/smoke.yaml"])
+    (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
+    run(["dvc", "repro"], work)
+    dvc_files = all_result_files(work)
+    snake_files = all_result_files(snakemake_run)
+    assert sorted(dvc_files) == sorted(snake_files)
+    different = [rel for rel in snake_files if snake_files[rel] != dvc_files[rel]]
+    assert different == []
+
+    again = run(["dvc", "repro"], work)
+    assert "Running stage" not in again.stdout
+    assert "up to date" in again.stdout
+    shown = run(["dvc", "metrics", "show", "--json"], work)
+    assert "loo_test_r2_mean" in shown.stdout
+
+
+def test_broken_params_stop_snakemake_before_any_job(repo_root, tmp_path):
+    work = copy_repo(repo_root, tmp_path)
+    (work / "bad.yaml").write_text("embed:\n  pooling: median\n")
+    proc = run(["snakemake", "-n", "--cores", "1", "--configfile", "bad.yaml"], work, check=False)
+    assert proc.returncode != 0
+    assert "pooling" in proc.stdout + proc.stderr and "median" in proc.stdout + proc.stderr
+    assert not (work / "results").exists() or not any((work / "results").rglob("*.parquet"))
