@@ -33,10 +33,11 @@ def pairwise_heatmap(pairwise: pl.DataFrame, path: str | Path, split: str = "tes
         grid[index[r["basis"]], index[r["target"]]] = r["r2"]
     size = 1.2 + 0.9 * len(names)
     fig, ax = plt.subplots(figsize=(size + 1.5, size))
-    image = ax.imshow(grid, cmap="viridis", vmin=min(0.0, np.nanmin(grid)), vmax=1.0)
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")  # the diagonal: no self-fit
+    image = ax.imshow(grid, cmap=cmap, vmin=min(0.0, np.nanmin(grid)), vmax=1.0)
     for (i, j), value in np.ndenumerate(grid):
         text = "—" if np.isnan(value) else f"{value:.2f}"
-        colour = "white" if np.isnan(value) or value < 0.6 else "black"
+        colour = "black" if np.isnan(value) or value >= 0.6 else "white"
         ax.text(j, i, text, ha="center", va="center", color=colour, fontsize=9)
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
     ax.set_yticks(range(len(names)), names)
@@ -61,5 +62,5 @@ def loo_bars(loo: pl.DataFrame, path: str | Path, split: str = "test") -> None:
     ax.set_ylabel(f"{split} R²")
     ax.set_title("Leave-one-out LMD: each model from all others")
     ax.tick_params(axis="x", rotation=45)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper right")
     _save(fig, path)
