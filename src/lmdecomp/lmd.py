@@ -21,6 +21,15 @@ ordinary least squares). Goodness of fit on a split s, pooled over target dimens
 
 (all statistics of split s; the cross terms vanish because centred sums are zero).
 Moments are additive, so shards can be reduced in any order or in parallel jobs.
+
+Beyond the fixed-α fits:
+
+* :func:`fit_ridge_path` / :func:`select_alpha` — every α of a grid from one ``eigh`` of the
+  train S_zz, the α with the best val R² kept; ``fit_pairwise`` / ``fit_leave_one_out``
+  take such a grid in place of one α.
+* :class:`BlockMoments` / :func:`accumulate_block_moments` / :func:`bootstrap_r2` — moments
+  per block of sequences; a bootstrap replicate is a multinomial-weighted sum of blocks.
+* :func:`greedy_selection` — forward selection of basis models on val R².
 """
 
 from __future__ import annotations
@@ -51,6 +60,12 @@ def blas_threads(threads: int):
     return threadpool_limits(limits=max(1, int(threads)), user_api="blas")
 
 
+def _columns(all_names: Sequence[str], dims: Sequence[int], names: Iterable[str]) -> np.ndarray:
+    starts = np.cumsum([0, *dims])
+    index = {name: i for i, name in enumerate(all_names)}
+    return np.concatenate([np.arange(starts[index[n]], starts[index[n] + 1]) for n in names])
+
+
 @dataclass
 class Moments:
     """Joint float64 moments (count, sum, cross-product) of several models' embeddings per split."""
@@ -74,9 +89,7 @@ class Moments:
 
     def columns(self, names: Iterable[str]) -> np.ndarray:
         """Column indices of the named models' blocks, in the order given."""
-        starts = np.cumsum([0, *self.dims])
-        index = {name: i for i, name in enumerate(self.names)}
-        return np.concatenate([np.arange(starts[index[n]], starts[index[n] + 1]) for n in names])
+        return _columns(self.names, self.dims, names)
 
     def update(self, split: str, x: np.ndarray) -> None:
         """Add rows ``x`` (rows × width) of one split."""
@@ -130,10 +143,9 @@ class Moments:
         return m
 
 
-def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False) -> Moments:
-    """One streaming pass over the shards of all models, aligned on seq_id, into :class:`Moments`."""
-    from tqdm.auto import tqdm
-
+def _aligned_shards(folders: Mapping[str, str | Path]):
+    """(names, dims, number of shards, iterator of (split, x)) over the shards of all models,
+    aligned on seq_id; x is the float64 concatenation [x_1 | … | x_M] of one shard."""
     names = list(folders)
     manifests = {name: shards.read_manifest(folders[name]) for name in names}
     layouts = {name: [e["rows"] for e in m["shards"]] for name, m in manifests.items()}
@@ -145,19 +157,30 @@ def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False
                 f"({len(layouts[first])} vs {len(layouts[name])} shards); embed both from the same "
                 "sequences.parquet with the same embed.shard_rows"
             )
-    moments = Moments(names, [int(manifests[n]["dim"]) for n in names])
-    readers = [shards.iter_shards(folders[name]) for name in names]
-    total = len(layouts[first])
-    for parts in tqdm(zip(*readers), total=total, desc="moments", unit="shard", disable=not progress):
-        ids = parts[0].seq_id
-        for name, part in zip(names[1:], parts[1:]):
-            if not np.array_equal(part.seq_id, ids):
-                raise LMDError(
-                    f"models {first!r} and {name!r} have different seq_id sets in the same shard; "
-                    "re-embed both from the same sequences.parquet"
-                )
-        x = np.concatenate([p.embedding.astype(np.float64) for p in parts], axis=1)
-        split = parts[0].split
+    dims = [int(manifests[n]["dim"]) for n in names]
+
+    def rows():
+        readers = [shards.iter_shards(folders[name]) for name in names]
+        for parts in zip(*readers):
+            ids = parts[0].seq_id
+            for name, part in zip(names[1:], parts[1:]):
+                if not np.array_equal(part.seq_id, ids):
+                    raise LMDError(
+                        f"models {first!r} and {name!r} have different seq_id sets in the same shard; "
+                        "re-embed both from the same sequences.parquet"
+                    )
+            yield parts[0].split, np.concatenate([p.embedding.astype(np.float64) for p in parts], axis=1)
+
+    return names, dims, layouts[first], rows()
+
+
+def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False) -> Moments:
+    """One streaming pass over the shards of all models, aligned on seq_id, into :class:`Moments`."""
+    from tqdm.auto import tqdm
+
+    names, dims, layout, rows = _aligned_shards(folders)
+    moments = Moments(names, dims)
+    for split, x in tqdm(rows, total=len(layout), desc="moments", unit="shard", disable=not progress):
         for s in SPLITS:
             mask = split == s
             if mask.any():
@@ -218,29 +241,34 @@ def r_squared(moments: Moments, fit: RidgeFit, split: str) -> float:
     return float(1.0 - sse / sst)
 
 
-def fit_pairwise(moments: Moments, alpha: float) -> list[dict]:
-    """Every ordered pair (basis → target), fitted on train, scored on every split."""
+def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dict]:
+    """Every ordered pair (basis → target), fitted on train, scored on every split.
+
+    ``alpha`` is one ridge strength, or a list/tuple/array grid from which each fit picks
+    its own α by val R² (:func:`select_alpha`); each row's ``alpha`` is the one used."""
     rows = []
     for target in moments.names:
         for basis in moments.names:
             if basis == target:
                 continue
-            fit = fit_ridge(moments, [basis], target, alpha)
+            fit = _fit_with(moments, [basis], target, alpha)
             for split in SPLITS:
                 rows.append({"basis": basis, "target": target, "split": split,
-                             "r2": r_squared(moments, fit, split), "alpha": float(alpha)})
+                             "r2": r_squared(moments, fit, split), "alpha": fit.alpha})
     return rows
 
 
-def fit_leave_one_out(moments: Moments, alpha: float) -> list[dict]:
-    """Each target on all other models concatenated, fitted on train, scored on every split."""
+def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> list[dict]:
+    """Each target on all other models concatenated, fitted on train, scored on every split.
+
+    ``alpha``: one ridge strength, or a grid chosen per target on val (as :func:`fit_pairwise`)."""
     rows = []
     for target in moments.names:
         basis = [n for n in moments.names if n != target]
-        fit = fit_ridge(moments, basis, target, alpha)
+        fit = _fit_with(moments, basis, target, alpha)
         for split in SPLITS:
             rows.append({"target": target, "split": split,
-                         "r2": r_squared(moments, fit, split), "alpha": float(alpha)})
+                         "r2": r_squared(moments, fit, split), "alpha": fit.alpha})
     return rows
 
 
@@ -253,3 +281,416 @@ def summary_metrics(pairwise: list[dict], loo: list[dict]) -> dict:
         "loo_test_r2": dict(sorted(loo_test.items())),
         "pairwise_test_r2_mean": float(np.mean(pair_test)) if pair_test else None,
     }
+
+
+# ---------------------------------------------------------------------------------------
+# α chosen on val from one eigendecomposition per fit
+# ---------------------------------------------------------------------------------------
+
+
+def _alpha_grid(alpha) -> tuple[float, ...] | None:
+    """A grid of α as a tuple of floats, or None when ``alpha`` is one number."""
+    if isinstance(alpha, (list, tuple, np.ndarray)):
+        grid = tuple(float(a) for a in np.asarray(alpha, dtype=np.float64).ravel())
+        if not grid:
+            raise LMDError("the α grid is empty; give at least one ridge strength")
+        if not all(np.isfinite(a) and a >= 0 for a in grid):
+            raise LMDError(f"every α of the grid must be finite and >= 0; got {list(grid)}")
+        return grid
+    return None
+
+
+def _fit_with(moments: Moments, basis: Sequence[str], target: str, alpha) -> RidgeFit:
+    """A fixed-α fit, or the val-selected fit when ``alpha`` is a grid."""
+    grid = _alpha_grid(alpha)
+    if grid is None:
+        return fit_ridge(moments, basis, target, alpha)
+    return select_alpha(moments, basis, target, grid)[0]
+
+
+@dataclass(frozen=True)
+class RidgePath:
+    """Ridge fits of one target on one basis for a grid of α, from one eigendecomposition.
+
+    With the train scatter S_zz = V diag(e) Vᵀ, A = Vᵀ S_zu and λ_a = α_a · tr(S_zz) / p
+    (the scaling of :func:`fit_ridge`), every fit of the path is
+
+        Wᵀ(λ) = V diag(d) A,   d_i = 1 / (e_i + λ),   b = μ_u − W μ_z      (train means)
+
+    and its R² on a split s needs no solve: with B = Vᵀ S^s_zu, G = Vᵀ S^s_zz V, H = A Aᵀ,
+    c = Vᵀ(μ^s_z − μ_z), δ = μ^s_u − μ_u (statistics of split s, means of train unsuffixed),
+
+        SSE(d) = tr S^s_uu − 2 Σ_i d_i (A∘B 1)_i + dᵀ (G∘H) d
+                 + n_s (‖δ‖² − 2 (d∘c)ᵀ A δ + (d∘c)ᵀ H (d∘c))
+
+    O(p³) once per split, then O(p²) per α. ``valid[a]`` is False for α = 0 on a basis
+    that is singular or wider than the train rows (ordinary least squares is undefined).
+    """
+
+    basis: tuple[str, ...]
+    target: str
+    alphas: np.ndarray  # (A,)
+    ridges: np.ndarray  # (A,) λ on the scatter scale
+    eigvals: np.ndarray  # (p,) e, ascending
+    eigvecs: np.ndarray  # (p, p) V
+    proj: np.ndarray  # (p, q) A = Vᵀ S_zu
+    mean_z: np.ndarray  # (p,) train
+    mean_u: np.ndarray  # (q,) train
+    valid: np.ndarray  # (A,) bool
+
+    def shrinkage(self) -> np.ndarray:
+        """(A, p) factors d = 1/(e + λ); rows of invalid α are NaN."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = 1.0 / (self.eigvals[None, :] + self.ridges[:, None])
+        d[~self.valid] = np.nan
+        return d
+
+    def fit(self, index: int) -> RidgeFit:
+        """The :class:`RidgeFit` of ``alphas[index]``, built from the eigendecomposition."""
+        if not self.valid[index]:
+            raise LMDError(f"fit of {self.target!r} on {list(self.basis)}: α = 0 is singular here")
+        d = self.shrinkage()[index]
+        weight = ((self.eigvecs * d) @ self.proj).T
+        bias = self.mean_u - weight @ self.mean_z
+        return RidgeFit(self.basis, self.target, float(self.alphas[index]), weight, bias)
+
+    def r_squared(self, moments: Moments, split: str) -> np.ndarray:
+        """(A,) pooled R² of every fit of the path on ``split`` (formula in the class doc)."""
+        zi, ui = moments.columns(self.basis), moments.columns([self.target])
+        n, mean, scatter = moments.centred(split)
+        sst = np.trace(scatter[np.ix_(ui, ui)])
+        if sst <= 0:
+            raise LMDError(f"target {self.target!r} has zero variance on the {split} split")
+        v, a = self.eigvecs, self.proj
+        g1 = np.sum(a * (v.T @ scatter[np.ix_(zi, ui)]), axis=1)
+        h = a @ a.T
+        quad = (v.T @ scatter[np.ix_(zi, zi)] @ v) * h
+        c = v.T @ (mean[zi] - self.mean_z)
+        delta = mean[ui] - self.mean_u
+        ad = a @ delta
+        d = self.shrinkage()
+        dc = d * c
+        sse = (sst - 2.0 * d @ g1 + np.einsum("ap,pq,aq->a", d, quad, d)
+               + n * (delta @ delta - 2.0 * dc @ ad + np.einsum("ap,pq,aq->a", dc, h, dc)))
+        return 1.0 - sse / sst
+
+
+def fit_ridge_path(
+    moments: Moments, basis: Sequence[str], target: str, alphas: Sequence[float]
+) -> tuple[RidgePath, np.ndarray]:
+    """Ridge fits of ``target`` on ``basis`` for every α of ``alphas`` from one ``eigh`` of the
+    train basis scatter (see :class:`RidgePath`), and their val R² (A,), NaN where invalid.
+
+    Same fits as :func:`fit_ridge` per α, to rounding: λ = α · tr(S_zz) / p on the scatter."""
+    if target in basis:
+        raise LMDError(f"target {target!r} cannot be part of its own basis")
+    grid = _alpha_grid(list(alphas))
+    zi, ui = moments.columns(basis), moments.columns([target])
+    n, mean, scatter = moments.centred("train")
+    p = len(zi)
+    s_zz = scatter[np.ix_(zi, zi)]
+    eigvals, eigvecs = np.linalg.eigh(s_zz)
+    alphas_arr = np.asarray(grid)
+    ridges = alphas_arr * np.trace(s_zz) / p
+    # α = 0 is least squares: refuse it (as fit_ridge does) where S_zz is not safely invertible.
+    tol = max(eigvals[-1], 0.0) * p * np.finfo(np.float64).eps
+    singular = n <= p or eigvals[0] <= tol
+    valid = (alphas_arr > 0) | (not singular)
+    valid &= eigvals[0] + ridges > 0
+    path = RidgePath(tuple(basis), target, alphas_arr, ridges, eigvals, eigvecs,
+                     eigvecs.T @ scatter[np.ix_(zi, ui)], mean[zi], mean[ui], valid)
+    return path, path.r_squared(moments, "val")
+
+
+def select_alpha(
+    moments: Moments, basis: Sequence[str], target: str, alphas: Sequence[float]
+) -> tuple[RidgeFit, list[dict]]:
+    """The α of the grid with the highest val R² (first in grid order on ties), refitted with
+    :func:`fit_ridge` so the returned fit equals the fixed-α fit of that α exactly; and the
+    table ``[{"alpha": α, "val_r2": R²}, …]`` in grid order (R² NaN where α is invalid)."""
+    path, val = fit_ridge_path(moments, basis, target, alphas)
+    if not np.isfinite(val).any():
+        raise LMDError(f"fit of {target!r} on {list(basis)}: no α of {list(path.alphas)} gives a "
+                       "well-posed fit; include an α > 0")
+    best = int(np.nanargmax(val))
+    table = [{"alpha": float(a), "val_r2": float(r)} for a, r in zip(path.alphas, val)]
+    return fit_ridge(moments, basis, target, float(path.alphas[best])), table
+
+
+# ---------------------------------------------------------------------------------------
+# Block moments and the block bootstrap
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class BlockMoments:
+    """Moments of B disjoint blocks of sequences, stacked: the moments of any weighted union
+    of blocks are Σ_b w_b · (n_b, s_b, C_b), so a bootstrap replicate is one weighted sum.
+
+    Arrays (split axis in :data:`SPLITS` order): ``n`` (B, 3) int64, ``sums`` (B, 3, width),
+    ``cross`` (B, 3, width, width) float64. Memory is 24 · B · width² bytes for ``cross``
+    (e.g. 7 models × 768 dims, width 5376, 64 blocks: 44 GB — too much; 3 models × 384,
+    width 1152, 64 blocks: 2 GB): choose ``rows_per_block`` so that B is a few dozen, or
+    run the bootstrap on moments of the columns you need (:meth:`select`).
+    """
+
+    names: list[str]
+    dims: list[int]
+    n: np.ndarray
+    sums: np.ndarray
+    cross: np.ndarray
+
+    @classmethod
+    def zeros(cls, names: Sequence[str], dims: Sequence[int], n_blocks: int) -> "BlockMoments":
+        w, k = sum(dims), len(SPLITS)
+        return cls(list(names), [int(d) for d in dims], np.zeros((n_blocks, k), np.int64),
+                   np.zeros((n_blocks, k, w)), np.zeros((n_blocks, k, w, w)))
+
+    @classmethod
+    def from_moments(cls, blocks: Sequence[Moments]) -> "BlockMoments":
+        if not blocks:
+            raise LMDError("no blocks")
+        first = blocks[0]
+        out = cls.zeros(first.names, first.dims, len(blocks))
+        for b, m in enumerate(blocks):
+            if m.names != first.names or m.dims != first.dims:
+                raise LMDError("cannot stack moments of different model sets")
+            for k, s in enumerate(SPLITS):
+                out.n[b, k], out.sums[b, k], out.cross[b, k] = m.n[s], m.sums[s], m.cross[s]
+        return out
+
+    @property
+    def width(self) -> int:
+        return sum(self.dims)
+
+    def __len__(self) -> int:
+        return self.n.shape[0]
+
+    def __getitem__(self, b: int) -> Moments:
+        return self.weighted(np.eye(len(self))[b])
+
+    def columns(self, names: Iterable[str]) -> np.ndarray:
+        return _columns(self.names, self.dims, names)
+
+    def select(self, names: Sequence[str]) -> "BlockMoments":
+        """The blocks restricted to the named models (in the order given)."""
+        cols = self.columns(names)
+        return BlockMoments(list(names), [self.dims[self.names.index(n)] for n in names], self.n.copy(),
+                            self.sums[:, :, cols], self.cross[:, :, cols[:, None], cols[None, :]])
+
+    def weighted(self, weights: np.ndarray) -> Moments:
+        """Moments of the union of blocks with multiplicities ``weights`` (B,)."""
+        w = np.asarray(weights, dtype=np.float64)
+        m = Moments(list(self.names), list(self.dims))
+        for k, s in enumerate(SPLITS):
+            m.n[s] = int(round(float(w @ self.n[:, k])))
+            m.sums[s] = np.tensordot(w, self.sums[:, k], axes=1)
+            m.cross[s] = np.tensordot(w, self.cross[:, k], axes=1)
+        return m
+
+    def total(self) -> Moments:
+        """Moments of all blocks together (block by block, in order, as the streaming pass)."""
+        m = Moments(list(self.names), list(self.dims))
+        for b in range(len(self)):
+            for k, s in enumerate(SPLITS):
+                m.n[s] += int(self.n[b, k])
+                m.sums[s] += self.sums[b, k]
+                m.cross[s] += self.cross[b, k]
+        return m
+
+    def save(self, path: str | Path) -> None:
+        from safetensors.numpy import save_file
+
+        tensors = {"n": self.n, "sums": self.sums, "cross": self.cross}
+        meta = {"layout": json.dumps({"names": self.names, "dims": self.dims, "splits": list(SPLITS)})}
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata=meta)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BlockMoments":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="numpy") as fh:
+            layout = json.loads(fh.metadata()["layout"])
+            if layout.get("splits") != list(SPLITS):
+                raise LMDError(f"{path}: block moments of splits {layout.get('splits')}, expected {list(SPLITS)}")
+            return cls(layout["names"], layout["dims"], fh.get_tensor("n"), fh.get_tensor("sums"),
+                       fh.get_tensor("cross"))
+
+
+def accumulate_block_moments(
+    folders: Mapping[str, str | Path], rows_per_block: int | None = None, progress: bool = False
+) -> BlockMoments:
+    """One streaming pass like :func:`accumulate_moments`, keeping one block of moments per
+    shard (``rows_per_block=None``) or per run of ``rows_per_block`` consecutive sequences in
+    seq_id order (blocks may span shards). ``.total()`` gives the pooled :class:`Moments`.
+
+    Sequences follow document order, so contiguous blocks keep most chunks of a document
+    together and the block bootstrap respects that dependence. Memory: see :class:`BlockMoments`.
+    """
+    from tqdm.auto import tqdm
+
+    if rows_per_block is not None and rows_per_block < 1:
+        raise LMDError(f"rows_per_block must be >= 1; got {rows_per_block}")
+    names, dims, layout, rows = _aligned_shards(folders)
+    total = int(sum(layout))
+    n_blocks = len(layout) if rows_per_block is None else -(-total // rows_per_block)
+    out = BlockMoments.zeros(names, dims, n_blocks)
+    start = 0
+    for index, (split, x) in enumerate(
+        tqdm(rows, total=len(layout), desc="block moments", unit="shard", disable=not progress)
+    ):
+        if rows_per_block is None:
+            block_of_row = np.full(len(x), index)
+        else:
+            block_of_row = (start + np.arange(len(x))) // rows_per_block
+        start += len(x)
+        for b in np.unique(block_of_row):
+            in_block = block_of_row == b
+            for k, s in enumerate(SPLITS):
+                rows_bs = x[in_block & (split == s)]
+                if len(rows_bs):
+                    out.n[b, k] += len(rows_bs)
+                    out.sums[b, k] += rows_bs.sum(axis=0)
+                    out.cross[b, k] += rows_bs.T @ rows_bs
+    return out
+
+
+def bootstrap_weights(n_blocks: int, n_boot: int, seed: int = 0) -> np.ndarray:
+    """(n_boot, n_blocks) int multiplicities: each row draws n_blocks blocks with replacement."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n_blocks, np.full(n_blocks, 1.0 / n_blocks), size=n_boot)
+
+
+def bootstrap_r2_samples(
+    blocks: "BlockMoments | Sequence[Moments]",
+    basis: Sequence[str],
+    target: str,
+    alpha: float,
+    n_boot: int = 200,
+    seed: int = 0,
+    split: str = "test",
+) -> np.ndarray:
+    """(n_boot,) bootstrap replicates of the ``split`` R² of the ridge fit of ``target`` on ``basis``.
+
+    Replicate r resamples blocks with replacement (multiplicities w_r from
+    :func:`bootstrap_weights`, the same for every split, since a block is a unit of sequences),
+    refits on the train moments Σ_b w_rb M_b^train and scores on Σ_b w_rb M_b^split — exactly
+    the fit and R² of :func:`fit_ridge` / :func:`r_squared` on the resampled sequences.
+    Vectorised over replicates, in chunks of ≤ ~256 MB of (replicates × w²) for w the basis +
+    target width. A replicate with an empty split or a singular fit is an error (use larger
+    blocks or α > 0).
+    """
+    if _alpha_grid(alpha) is not None:
+        raise LMDError("bootstrap_r2 takes one α; pass the α chosen on the full data (the fit row's alpha)")
+    if target in basis:
+        raise LMDError(f"target {target!r} cannot be part of its own basis")
+    if not isinstance(blocks, BlockMoments):
+        blocks = BlockMoments.from_moments(list(blocks))
+    cols = np.concatenate([blocks.columns(basis), blocks.columns([target])])
+    p, w = len(blocks.columns(basis)), len(cols)
+    zi, ui = np.arange(p), np.arange(p, w)
+    n_blocks = len(blocks)
+    weights = bootstrap_weights(n_blocks, n_boot, seed).astype(np.float64)
+
+    def sliced(s):
+        k = SPLITS.index(s)
+        return (blocks.n[:, k].astype(np.float64), blocks.sums[:, k][:, cols],
+                blocks.cross[:, k][:, cols[:, None], cols[None, :]].reshape(n_blocks, w * w))
+
+    train, scored = sliced("train"), sliced(split)
+
+    def replicate(stats, wts):
+        n_b, s_b, c_b = stats
+        n = wts @ n_b
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean = (wts @ s_b) / n[:, None]
+        cross = (wts @ c_b).reshape(len(wts), w, w)
+        return n, mean, cross - n[:, None, None] * mean[:, :, None] * mean[:, None, :]
+
+    out = np.empty(n_boot)
+    chunk = max(1, int(256e6 // (16 * w * w)))
+    for lo in range(0, n_boot, chunk):
+        wts = weights[lo:lo + chunk]
+        n_t, mu_t, sc_t = replicate(train, wts)
+        s_zz, s_zu = sc_t[:, zi[:, None], zi[None, :]], sc_t[:, zi[:, None], ui[None, :]]
+        ridge = alpha * np.trace(s_zz, axis1=1, axis2=2) / p
+        try:
+            weight_t = np.linalg.solve(s_zz + ridge[:, None, None] * np.eye(p), s_zu)  # (R, p, q)
+        except np.linalg.LinAlgError as exc:
+            raise LMDError(f"bootstrap fit of {target!r} on {list(basis)}: a resampled basis covariance "
+                           "is singular; set α > 0") from exc
+        bias = mu_t[:, ui] - np.einsum("rpq,rp->rq", weight_t, mu_t[:, zi])
+        n_s, mu_s, sc_s = replicate(scored, wts)
+        s_uu = np.trace(sc_s[:, ui[:, None], ui[None, :]], axis1=1, axis2=2)
+        s_zu_s, s_zz_s = sc_s[:, zi[:, None], ui[None, :]], sc_s[:, zi[:, None], zi[None, :]]
+        offset = mu_s[:, ui] - np.einsum("rpq,rp->rq", weight_t, mu_s[:, zi]) - bias
+        sse = (s_uu - 2.0 * np.sum(weight_t * s_zu_s, axis=(1, 2))
+               + np.sum(np.einsum("rij,rjq->riq", s_zz_s, weight_t) * weight_t, axis=(1, 2))
+               + n_s * np.sum(offset**2, axis=1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r2 = 1.0 - sse / s_uu
+        r2[(n_s == 0) | (s_uu <= 0) | ((alpha == 0) & (n_t <= p))] = np.nan
+        out[lo:lo + chunk] = r2
+    bad = int((~np.isfinite(out)).sum())
+    if bad:
+        raise LMDError(f"bootstrap of {target!r} on {list(basis)}: {bad} of {n_boot} replicates have an "
+                       f"empty {split} or train split, or too few train rows; use fewer, larger blocks")
+    return out
+
+
+def bootstrap_r2(
+    blocks: "BlockMoments | Sequence[Moments]",
+    basis: Sequence[str],
+    target: str,
+    alpha: float,
+    n_boot: int = 200,
+    seed: int = 0,
+    level: float = 0.9,
+    split: str = "test",
+) -> tuple[float, float]:
+    """Percentile block-bootstrap interval (lo, hi) at ``level`` for the ``split`` R² of the fit
+    of ``target`` on ``basis``: the (1−level)/2 and (1+level)/2 quantiles of
+    :func:`bootstrap_r2_samples`. Cost: n_boot batched p×p solves, no embedding re-read.
+    It covers train-sampling and test-sampling variability of a fixed-α fit, not α selection."""
+    if not 0 < level < 1:
+        raise LMDError(f"level must be in (0, 1); got {level}")
+    samples = bootstrap_r2_samples(blocks, basis, target, alpha, n_boot=n_boot, seed=seed, split=split)
+    lo, hi = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+# ---------------------------------------------------------------------------------------
+# Greedy forward basis selection
+# ---------------------------------------------------------------------------------------
+
+
+def greedy_selection(
+    moments: Moments, target: str, alpha: "float | Sequence[float]", max_k: int | None = None
+) -> list[dict]:
+    """Forward selection of a basis for ``target``: step k adds the model whose addition gives
+    the highest val R² of the fit on the selected set (first in ``moments.names`` order on ties).
+
+    ``alpha``: one ridge strength or a grid (chosen on val per candidate fit). Rows, one per
+    step: ``{"target", "k", "added_model", "alpha", "val_r2", "test_r2"}``; the basis at step k
+    is the ``added_model`` of steps 1..k. Cost: Σ_k (M−k) fits of width up to the full basis."""
+    candidates = [n for n in moments.names if n != target]
+    if target not in moments.names:
+        raise LMDError(f"unknown target {target!r}; models are {moments.names}")
+    steps = len(candidates) if max_k is None else min(int(max_k), len(candidates))
+    selected: list[str] = []
+    rows = []
+    for k in range(1, steps + 1):
+        best = None
+        for cand in candidates:
+            if cand in selected:
+                continue
+            fit = _fit_with(moments, [*selected, cand], target, alpha)
+            val = r_squared(moments, fit, "val")
+            if best is None or val > best[0]:
+                best = (val, cand, fit)
+        val, cand, fit = best
+        selected.append(cand)
+        rows.append({"target": target, "k": k, "added_model": cand, "alpha": fit.alpha,
+                     "val_r2": float(val), "test_r2": r_squared(moments, fit, "test")})
+    return rows

@@ -1,0 +1,249 @@
+"""α selection on val, block moments and the block bootstrap, greedy basis selection —
+each against an independent reference (per-α solves, explicit resampled rows, brute force)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lmdecomp import lmd, shards
+
+SPLIT_NAMES = np.array(lmd.SPLITS, dtype=object)
+GRID = [0.0, 1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 3.0]
+
+
+def moments_of(blocks, names, split_of_row):
+    m = lmd.Moments(names, [b.shape[1] for b in blocks])
+    x = np.concatenate(blocks, axis=1)
+    for s in lmd.SPLITS:
+        m.update(s, x[split_of_row == s])
+    return m
+
+
+def ridge_direct(z, u, alpha):
+    """Reference ridge on centred rows: λ relative to the mean basis variance."""
+    zc, uc = z - z.mean(0), u - u.mean(0)
+    p = z.shape[1]
+    lam = alpha * np.trace(zc.T @ zc) / p
+    w = np.linalg.solve(zc.T @ zc + lam * np.eye(p), zc.T @ uc).T
+    return w, u.mean(0) - w @ z.mean(0)
+
+
+def r2_direct(z, u, w, b):
+    resid = u - z @ w.T - b
+    return 1 - (resid**2).sum() / ((u - u.mean(axis=0)) ** 2).sum()
+
+
+@pytest.fixture(scope="module")
+def noisy():
+    """Few train rows for wide bases and weak shared signal, so ridge helps and the val
+    optimum of α lies inside the grid for some fits."""
+    rng = np.random.default_rng(10)
+    n = 260
+    latent = rng.normal(size=(n, 4))
+    widths = [12, 9, 15, 6]
+    blocks = [latent @ rng.normal(size=(4, w)) * 0.5 + rng.normal(size=w) * 2 + rng.normal(size=(n, w))
+              for w in widths]
+    split = rng.choice(SPLIT_NAMES, size=n, p=[0.5, 0.25, 0.25])
+    names = ["a", "b", "c", "d"]
+    return blocks, names, split, moments_of(blocks, names, split)
+
+
+# ----------------------------------------------------------------------- α selection
+
+
+def test_ridge_path_equals_per_alpha_fit_ridge(noisy):
+    blocks, names, split, m = noisy
+    path, val = lmd.fit_ridge_path(m, ["a", "c"], "b", GRID)
+    for i, alpha in enumerate(GRID):
+        fit = lmd.fit_ridge(m, ["a", "c"], "b", alpha)
+        from_path = path.fit(i)
+        np.testing.assert_allclose(from_path.weight, fit.weight, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(from_path.bias, fit.bias, rtol=1e-8, atol=1e-9)
+        assert val[i] == pytest.approx(lmd.r_squared(m, fit, "val"), abs=1e-9)
+        for s in lmd.SPLITS:
+            assert path.r_squared(m, s)[i] == pytest.approx(lmd.r_squared(m, fit, s), abs=1e-9)
+
+
+def test_select_alpha_picks_the_brute_force_val_optimum(noisy):
+    blocks, names, split, m = noisy
+    chosen = []
+    for target in names:
+        for basis in ([n for n in names if n != target], [names[(names.index(target) + 1) % 4]]):
+            fit, table = lmd.select_alpha(m, basis, target, GRID)
+            brute = []
+            for alpha in GRID:  # independent reference: one solve and one explicit score per α
+                zi = np.hstack([blocks[names.index(b)] for b in basis])
+                w, b = ridge_direct(zi[split == "train"], blocks[names.index(target)][split == "train"], alpha)
+                brute.append(r2_direct(zi[split == "val"], blocks[names.index(target)][split == "val"], w, b))
+            assert [row["alpha"] for row in table] == GRID
+            np.testing.assert_allclose([row["val_r2"] for row in table], brute, rtol=0, atol=1e-9)
+            assert fit.alpha == GRID[int(np.argmax(brute))]
+            ref = lmd.fit_ridge(m, basis, target, fit.alpha)
+            np.testing.assert_array_equal(fit.weight, ref.weight)
+            chosen.append(fit.alpha)
+    # The data were built so that selection matters: neither end of the grid always wins.
+    assert len(set(chosen)) > 1 and any(0 < a < GRID[-1] for a in chosen)
+
+
+def test_pairwise_and_loo_accept_a_grid_and_keep_scalar_behaviour(noisy):
+    blocks, names, split, m = noisy
+    grid_rows = lmd.fit_pairwise(m, GRID)
+    for row in grid_rows:
+        fit, _ = lmd.select_alpha(m, [row["basis"]], row["target"], GRID)
+        assert row["alpha"] == fit.alpha
+        assert row["r2"] == lmd.r_squared(m, fit, row["split"])
+    loo_rows = lmd.fit_leave_one_out(m, tuple(GRID))
+    for row in loo_rows:
+        basis = [n for n in names if n != row["target"]]
+        assert row["alpha"] == lmd.select_alpha(m, basis, row["target"], GRID)[0].alpha
+        assert row["r2"] == lmd.r_squared(m, lmd.fit_ridge(m, basis, row["target"], row["alpha"]), row["split"])
+    scalar = lmd.fit_leave_one_out(m, 0.1)
+    assert {r["alpha"] for r in scalar} == {0.1} and set(scalar[0]) == {"target", "split", "r2", "alpha"}
+    assert lmd.fit_pairwise(m, [0.1]) == lmd.fit_pairwise(m, 0.1)
+
+
+def test_least_squares_in_a_grid_is_skipped_when_the_basis_is_too_wide():
+    rng = np.random.default_rng(11)
+    z, u = rng.normal(size=(40, 8)), rng.normal(size=(40, 2))
+    split = np.array(["train"] * 6 + ["val"] * 17 + ["test"] * 17, dtype=object)
+    m = moments_of([z, u], ["z", "u"], split)
+    fit, table = lmd.select_alpha(m, ["z"], "u", [0.0, 0.5, 2.0])
+    assert np.isnan(table[0]["val_r2"]) and fit.alpha in (0.5, 2.0)
+    with pytest.raises(lmd.LMDError, match="no α"):
+        lmd.select_alpha(m, ["z"], "u", [0.0])
+    with pytest.raises(lmd.LMDError, match="empty"):
+        lmd.fit_pairwise(m, [])
+
+
+# ------------------------------------------------------------------- block moments
+
+
+def _write_model(folder, name, ids, splits, emb, rows_per_shard):
+    folder.mkdir(parents=True)
+    entries = []
+    for i, start in enumerate(range(0, len(ids), rows_per_shard)):
+        sl = slice(start, start + rows_per_shard)
+        file = shards.shard_name(i)
+        shards.write_shard(folder / file, ids[sl], list(splits[sl]), emb[sl], 16)
+        entries.append(shards.shard_entry(folder, file, len(ids[sl])))
+    shards.write_manifest(folder, {"schema_version": shards.SCHEMA_VERSION, "model": name,
+                                   "dim": emb.shape[1], "rows": len(ids), "shards": entries})
+
+
+def test_block_moments_stream_per_shard_and_per_fixed_block(tmp_path):
+    rng = np.random.default_rng(12)
+    n = 230
+    blocks = [rng.normal(size=(n, w)).astype(np.float32) + 1 for w in (3, 5)]
+    split = rng.choice(SPLIT_NAMES, size=n)
+    names = ["m0", "m1"]
+    for name, block in zip(names, blocks):
+        _write_model(tmp_path / name, name, np.arange(n), split, block, rows_per_shard=64)
+    folders = {name: tmp_path / name for name in names}
+    x = np.concatenate(blocks, axis=1).astype(np.float64)
+    for rows_per_block, edges in ((None, range(0, n, 64)), (50, range(0, n, 50))):
+        bm = lmd.accumulate_block_moments(folders, rows_per_block=rows_per_block)
+        assert len(bm) == len(edges)
+        for b, start in enumerate(edges):  # blocks of 50 rows straddle the 64-row shards
+            rows, sp = x[start:start + (rows_per_block or 64)], split[start:start + (rows_per_block or 64)]
+            for k, s in enumerate(lmd.SPLITS):
+                assert bm.n[b, k] == (sp == s).sum()
+                np.testing.assert_allclose(bm.sums[b, k], rows[sp == s].sum(0), rtol=1e-12, atol=1e-12)
+                np.testing.assert_allclose(bm.cross[b, k], rows[sp == s].T @ rows[sp == s], rtol=1e-12, atol=1e-12)
+        pooled, total = lmd.accumulate_moments(folders), bm.total()
+        for s in lmd.SPLITS:
+            assert total.n[s] == pooled.n[s]
+            if rows_per_block is None:  # same additions in the same order: the same bytes
+                np.testing.assert_array_equal(total.cross[s], pooled.cross[s])
+                np.testing.assert_array_equal(total.sums[s], pooled.sums[s])
+            np.testing.assert_allclose(total.cross[s], pooled.cross[s], rtol=1e-12)
+    bm.save(tmp_path / "blocks.safetensors")
+    loaded = lmd.BlockMoments.load(tmp_path / "blocks.safetensors")
+    assert loaded.names == names and loaded.dims == [3, 5]
+    np.testing.assert_array_equal(loaded.cross, bm.cross)
+    np.testing.assert_array_equal(loaded[2].cross["val"], bm.cross[2, 1])
+
+
+def _planted_blocks(rng, n, n_blocks, p=3, q=2, sigma=1.0):
+    """z ~ N(2, I_p), u = zB + 1 + σ ε: population pooled R² = 1 − qσ² / (tr BᵀB + qσ²)."""
+    b = np.array([[1.0, 0.5], [-0.5, 1.0], [0.3, -0.2]])[:p, :q]
+    z = rng.normal(size=(n, p)) + 2
+    u = z @ b + 1.0 + sigma * rng.normal(size=(n, q))
+    true_r2 = 1 - q * sigma**2 / (np.trace(b.T @ b) + q * sigma**2)
+    split = rng.choice(SPLIT_NAMES, size=n, p=[0.6, 0.2, 0.2])
+    edges = np.linspace(0, n, n_blocks + 1).astype(int)
+    blocks = [moments_of([z[lo:hi], u[lo:hi]], ["z", "u"], split[lo:hi]) for lo, hi in zip(edges[:-1], edges[1:])]
+    return z, u, split, edges, blocks, true_r2
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.2])
+def test_bootstrap_replicates_equal_fits_on_explicitly_resampled_rows(alpha):
+    rng = np.random.default_rng(13)
+    z, u, split, edges, blocks, _ = _planted_blocks(rng, 300, 12)
+    samples = lmd.bootstrap_r2_samples(blocks, ["z"], "u", alpha, n_boot=6, seed=5, split="val")
+    weights = lmd.bootstrap_weights(len(blocks), 6, seed=5)
+    assert weights.shape == (6, 12) and (weights.sum(1) == 12).all()
+    for r, w in enumerate(weights):
+        rows = np.concatenate([np.arange(lo, hi) for lo, hi, k in zip(edges[:-1], edges[1:], w) for _ in range(k)])
+        train, val = rows[split[rows] == "train"], rows[split[rows] == "val"]
+        wt, bias = ridge_direct(z[train], u[train], alpha)
+        assert samples[r] == pytest.approx(r2_direct(z[val], u[val], wt, bias), abs=1e-9)
+    # BlockMoments or a list of Moments: the same replicates.
+    np.testing.assert_array_equal(
+        lmd.bootstrap_r2_samples(lmd.BlockMoments.from_moments(blocks), ["z"], "u", alpha, n_boot=6, seed=5,
+                                 split="val"), samples)
+
+
+def test_bootstrap_interval_covers_the_population_r2_at_its_level():
+    hits = 0
+    for rep in range(100):
+        rng = np.random.default_rng(1000 + rep)
+        *_, blocks, true_r2 = _planted_blocks(rng, 2400, 40)
+        lo, hi = lmd.bootstrap_r2(blocks, ["z"], "u", 0.0, n_boot=200, seed=rep, level=0.9)
+        assert lo < hi
+        hits += lo <= true_r2 <= hi
+    assert 80 <= hits <= 97
+
+
+def test_bootstrap_refuses_a_grid_and_replicates_without_the_scored_split():
+    rng = np.random.default_rng(14)
+    *_, blocks, _ = _planted_blocks(rng, 200, 10)
+    with pytest.raises(lmd.LMDError, match="one α"):
+        lmd.bootstrap_r2(blocks, ["z"], "u", [0.1, 1.0])
+    only_train = lmd.Moments(["z", "u"], [3, 2])
+    only_train.update("train", rng.normal(size=(30, 5)))
+    with pytest.raises(lmd.LMDError, match="replicates have an empty"):
+        lmd.bootstrap_r2([*blocks[:2], only_train], ["z"], "u", 0.1, n_boot=50)
+
+
+# ------------------------------------------------------------------ greedy selection
+
+
+def test_greedy_selection_picks_the_planted_models_first():
+    rng = np.random.default_rng(15)
+    n = 1500
+    names = ["m0", "m1", "m2", "m3", "m4", "u"]
+    xs = [rng.normal(size=(n, w)) + rng.normal(size=w) for w in (4, 6, 5, 3, 4)]
+    u = xs[1] @ rng.normal(size=(6, 5)) + xs[3] @ rng.normal(size=(3, 5)) + 0.5 * rng.normal(size=(n, 5))
+    split = rng.choice(SPLIT_NAMES, size=n, p=[0.6, 0.2, 0.2])
+    m = moments_of([*xs, u], names, split)
+    rows = lmd.greedy_selection(m, "u", 0.01)
+    assert [r["k"] for r in rows] == [1, 2, 3, 4, 5]
+    assert {rows[0]["added_model"], rows[1]["added_model"]} == {"m1", "m3"}
+    assert sorted(r["added_model"] for r in rows) == ["m0", "m1", "m2", "m3", "m4"]
+    assert 0 < rows[0]["val_r2"] < rows[1]["val_r2"]
+    assert rows[1]["val_r2"] > 0.9 and rows[1]["test_r2"] > 0.9
+    # Brute force of step 1 and step 2: every candidate scored with an explicit fit.
+    basis: list[str] = []
+    for row in rows[:2]:
+        scores = {}
+        for cand in names[:5]:
+            if cand in basis:
+                continue
+            zi = np.hstack([xs[names.index(b)] for b in [*basis, cand]])
+            w, b = ridge_direct(zi[split == "train"], u[split == "train"], 0.01)
+            scores[cand] = r2_direct(zi[split == "val"], u[split == "val"], w, b)
+        assert row["added_model"] == max(scores, key=scores.get)
+        assert row["val_r2"] == pytest.approx(scores[row["added_model"]], abs=1e-9)
+        basis.append(row["added_model"])
+    assert len(lmd.greedy_selection(m, "u", [0.01, 1.0], max_k=2)) == 2
