@@ -1,0 +1,360 @@
+"""MPO decomposition, MPOLinear and model conversion, each checked against a reference
+computed independently of lmdecomp.mpo (numpy SVDs and einsums, hand counts,
+torch.nn.functional.linear, the unconverted model, finite differences)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import string
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmdecomp.mpo import (
+    MPO,
+    MPOLinear,
+    convert_linears,
+    factorize,
+    load_converted,
+    mpo_decompose,
+    save_converted,
+)
+
+BERT_768 = [4, 4, 4, 4, 3]
+BERT_3072 = [4, 4, 8, 6, 4]
+
+
+def dense_reference(cores: list[torch.Tensor]) -> np.ndarray:
+    """The matrix an MPO represents, by one numpy einsum over all cores."""
+    n = len(cores)
+    letters = iter(string.ascii_letters)
+    bonds = [next(letters) for _ in range(n + 1)]
+    outs = [next(letters) for _ in range(n)]
+    ins = [next(letters) for _ in range(n)]
+    terms = [bonds[k] + outs[k] + ins[k] + bonds[k + 1] for k in range(n)]
+    spec = ",".join(terms) + "->" + "".join(outs) + "".join(ins)
+    full = np.einsum(spec, *[c.detach().double().numpy() for c in cores], optimize=True)
+    rows = math.prod(c.shape[1] for c in cores)
+    return full.reshape(rows, -1)
+
+
+def mpo_like_matrix(out_shape, in_shape, bond: int, seed: int) -> torch.Tensor:
+    """A float64 matrix with decaying TT spectra: a random MPO whose bond channel s is
+    damped by 0.7**s, plus a little dense noise (so no unfolding is exactly low rank)."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(out_shape)
+    bonds = [1] + [bond] * (n - 1) + [1]
+    cores = []
+    for k in range(n):
+        core = torch.randn(bonds[k], out_shape[k], in_shape[k], bonds[k + 1], generator=g, dtype=torch.float64)
+        cores.append(core * 0.7 ** torch.arange(bonds[k + 1], dtype=torch.float64))
+    w = torch.from_numpy(dense_reference(cores))
+    return w / w.norm() + 1e-4 * torch.randn(w.shape, generator=g, dtype=torch.float64) / math.sqrt(w.numel())
+
+
+# --- factorize -------------------------------------------------------------------------
+
+
+def test_factorize_bert_dims():
+    assert factorize(768, 5) == BERT_768
+    assert factorize(3072, 5) == BERT_3072
+
+
+@pytest.mark.parametrize("dim,n", [(64, 5), (256, 5), (1000, 3), (30522, 4), (1, 3), (97, 2)])
+def test_factorize_product_and_length(dim, n):
+    factors = factorize(dim, n)
+    assert len(factors) == n and math.prod(factors) == dim and min(factors) >= 1
+
+
+def test_factorize_prime_needs_ones():
+    assert factorize(769, 5) == [1, 1, 769, 1, 1]
+    with pytest.raises(ValueError, match="769"):
+        factorize(769, 5, min_factor=2)
+    with pytest.raises(ValueError):
+        factorize(0, 5)
+
+
+# --- decomposition ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("out_dim,in_dim", [(768, 768), (3072, 768), (768, 3072)])
+def test_full_rank_reconstruction_float64(out_dim, in_dim):
+    w = torch.randn(out_dim, in_dim, generator=torch.Generator().manual_seed(out_dim + in_dim), dtype=torch.float64)
+    mpo = mpo_decompose(w)
+    assert mpo.out_shape == tuple(factorize(out_dim)) and mpo.in_shape == tuple(factorize(in_dim))
+    assert np.abs(dense_reference(mpo.cores) - w.numpy()).max() <= 1e-10
+    assert (mpo.to_matrix() - w).abs().max().item() <= 1e-10
+
+
+def test_full_rank_bond_dims_3072x768():
+    w = torch.randn(3072, 768, generator=torch.Generator().manual_seed(1))
+    mpo = mpo_decompose(w, BERT_3072, BERT_768)
+    assert mpo.bond_dims == [1, 16, 256, 288, 12, 1]
+    assert [tuple(c.shape) for c in mpo.cores] == [
+        (1, 4, 4, 16),
+        (16, 4, 4, 256),
+        (256, 8, 4, 288),
+        (288, 6, 4, 12),
+        (12, 4, 3, 1),
+    ]
+    assert mpo.central_index == 2 and mpo.central_tensor is mpo.cores[2]
+    assert len(mpo.auxiliary_tensors) == 4
+
+
+def test_float32_full_rank():
+    w = torch.randn(768, 768, generator=torch.Generator().manual_seed(2))
+    mpo = mpo_decompose(w)
+    assert all(c.dtype == torch.float32 for c in mpo.cores)
+    assert ((mpo.to_matrix() - w).norm() / w.norm()).item() < 1e-5
+
+
+def test_single_step_error_is_discarded_singular_values():
+    """Two cores = one SVD step: the error must be √(Σ discarded σ²) of that unfolding."""
+    w = mpo_like_matrix([16, 48], [16, 48], bond=64, seed=3)
+    keep = 8
+    mpo = mpo_decompose(w, [16, 48], [16, 48], max_bond=keep)
+    unfolding = w.numpy().reshape(16, 48, 16, 48).transpose(0, 2, 1, 3).reshape(16 * 16, 48 * 48)
+    sigma = np.linalg.svd(unfolding, compute_uv=False)
+    expected = math.sqrt(float(np.sum(sigma[keep:] ** 2)))
+    assert expected > 1e-3 * np.linalg.norm(sigma)  # the truncation really discards something
+    assert mpo.bond_dims == [1, keep, 1]
+    assert np.linalg.norm(dense_reference(mpo.cores) - w.numpy()) == pytest.approx(expected, rel=1e-9)
+    assert mpo.truncation_errors[0] == pytest.approx(expected, rel=1e-9)
+    np.testing.assert_allclose(mpo.spectra[0].numpy(), sigma, rtol=1e-9, atol=1e-14)
+
+
+def test_first_step_spectrum_of_five_core_sweep():
+    w = torch.randn(768, 768, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    mpo = mpo_decompose(w, BERT_768, BERT_768)
+    unfolding = w.numpy().reshape(BERT_768 + BERT_768).transpose(0, 5, 1, 2, 3, 4, 6, 7, 8, 9).reshape(16, -1)
+    np.testing.assert_allclose(mpo.spectra[0].numpy(), np.linalg.svd(unfolding, compute_uv=False), rtol=1e-10)
+
+
+@pytest.mark.parametrize("seed", [10, 11, 12])
+def test_rel_err_budget_is_respected(seed):
+    out_shape, in_shape = [4, 4, 4, 4], [4, 4, 4, 4]
+    w = mpo_like_matrix(out_shape, in_shape, bond=24, seed=seed)
+    w_norm = np.linalg.norm(w.numpy())
+    full = mpo_decompose(w, out_shape, in_shape).bond_dims
+    for rel_err in [0.5, 0.2, 0.05, 0.01, 1e-3]:
+        mpo = mpo_decompose(w, out_shape, in_shape, rel_err=rel_err)
+        err = np.linalg.norm(dense_reference(mpo.cores) - w.numpy())
+        assert err <= rel_err * w_norm * (1 + 1e-12)
+        assert any(r < f for r, f in zip(mpo.bond_dims, full))  # truncation happened
+        # The step errors are orthogonal: ‖W − Ŵ‖² = Σ ε_k² (reported), ε_k from the spectra.
+        assert err == pytest.approx(mpo.error_norm, rel=1e-6)
+        # Each kept rank is the smallest whose discarded tail fits δ = τ‖W‖/√(n−1).
+        delta_sq = (rel_err * w_norm) ** 2 / (len(out_shape) - 1)
+        for s, r in zip(mpo.spectra, mpo.bond_dims[1:-1]):
+            s2 = s.numpy() ** 2
+            assert s2[r:].sum() <= delta_sq * (1 + 1e-12)
+            assert r == 1 or s2[r - 1 :].sum() > delta_sq
+
+
+def test_max_bond_per_bond_list():
+    w = torch.randn(256, 256, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    mpo = mpo_decompose(w, [4, 4, 4, 4], [4, 4, 4, 4], max_bond=[3, 7, 5])
+    assert mpo.bond_dims == [1, 3, 7, 5, 1]
+    with pytest.raises(ValueError, match="3 entries"):
+        mpo_decompose(w, [4, 4, 4, 4], [4, 4, 4, 4], max_bond=[3, 7])
+
+
+def test_parameter_counts_by_hand():
+    w = torch.randn(3072, 768, generator=torch.Generator().manual_seed(6))
+    mpo = mpo_decompose(w, BERT_3072, BERT_768)
+    central = 256 * 8 * 4 * 288
+    auxiliary = 1 * 4 * 4 * 16 + 16 * 4 * 4 * 256 + 288 * 6 * 4 * 12 + 12 * 4 * 3 * 1
+    assert (mpo.num_params, mpo.num_central_params, mpo.num_auxiliary_params) == (central + auxiliary, central, auxiliary)
+
+    small = mpo_decompose(w[:768], BERT_768, BERT_768, max_bond=32)
+    assert small.bond_dims == [1, 16, 32, 32, 9, 1]
+    central = 32 * 4 * 4 * 32
+    auxiliary = 1 * 4 * 4 * 16 + 16 * 4 * 4 * 32 + 32 * 4 * 4 * 9 + 9 * 3 * 3 * 1
+    assert (small.num_params, small.num_central_params, small.num_auxiliary_params) == (central + auxiliary, central, auxiliary)
+    assert MPOLinear.from_mpo(small).num_params == central + auxiliary
+
+
+def test_mpo_dataclass_from_given_cores():
+    g = torch.Generator().manual_seed(7)
+    cores = [torch.randn(1, 2, 3, 4, generator=g), torch.randn(4, 5, 2, 1, generator=g)]
+    mpo = MPO(cores, (2, 5), (3, 2))
+    assert mpo.bond_dims == [1, 4, 1] and mpo.central_index == 1
+    np.testing.assert_allclose(mpo.to_matrix().numpy(), dense_reference(cores), rtol=1e-5, atol=1e-6)
+
+
+# --- MPOLinear -------------------------------------------------------------------------
+
+
+def linear(in_features: int, out_features: int, seed: int, dtype=torch.float32) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(in_features, out_features, dtype=dtype)
+
+
+@pytest.mark.parametrize("in_f,out_f,shapes", [(60, 96, ([4, 6, 4], [3, 5, 4])), (96, 60, ([3, 5, 4], [4, 6, 4]))])
+def test_mpolinear_full_rank_equals_dense(in_f, out_f, shapes):
+    lin = linear(in_f, out_f, seed=8, dtype=torch.float64)
+    layer = MPOLinear.from_linear(lin, shapes)
+    x = torch.randn(2, 3, in_f, dtype=torch.float64)
+    expected = F.linear(x, lin.weight, lin.bias)
+    for mode in ("contract", "dense", "auto"):
+        layer.forward_mode = mode
+        assert (layer(x) - expected).abs().max().item() <= 1e-10
+
+
+def test_both_contraction_directions_used():
+    wide = MPOLinear.from_linear(linear(60, 96, 9), ([4, 6, 4], [3, 5, 4]))
+    tall = MPOLinear.from_linear(linear(96, 60, 9), ([3, 5, 4], [4, 6, 4]))
+    assert {wide._left_to_right, tall._left_to_right} == {True, False}
+
+
+@pytest.mark.parametrize("in_f,out_f", [(768, 3072), (3072, 768)])
+def test_contract_and_dense_paths_agree_when_truncated(in_f, out_f):
+    layer = MPOLinear.from_linear(linear(in_f, out_f, seed=10), max_bond=8)
+    assert max(layer.bond_dims) == 8
+    x = torch.randn(5, in_f)
+    layer.forward_mode = "contract"
+    y_contract = layer(x)
+    layer.forward_mode = "dense"
+    y_dense = layer(x)
+    assert (y_contract - y_dense).abs().max().item() <= 1e-5 * y_dense.abs().max().item()
+
+
+def test_gradients_reach_cores_and_match_between_paths():
+    layer = MPOLinear.from_linear(linear(60, 96, seed=11, dtype=torch.float64), ([4, 6, 4], [3, 5, 4]), max_bond=5)
+    x = torch.randn(7, 60, dtype=torch.float64)
+    grads = {}
+    for mode in ("contract", "dense"):
+        layer.zero_grad()
+        layer.forward_mode = mode
+        (layer(x) ** 2).sum().backward()
+        grads[mode] = [p.grad.clone() for p in layer.parameters()]
+        assert all(g.abs().sum() > 0 for g in grads[mode])
+    for a, b in zip(grads["contract"], grads["dense"]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["contract", "dense"])
+def test_gradcheck_against_finite_differences(mode):
+    torch.manual_seed(12)
+    layer = MPOLinear((2, 3), (3, 2), (1, 3, 1), dtype=torch.float64)
+    layer.forward_mode = mode
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    params = tuple(layer.parameters())
+
+    def fn(x, *ps):
+        return torch.func.functional_call(layer, dict(zip([n for n, _ in layer.named_parameters()], ps)), (x,))
+
+    assert torch.autograd.gradcheck(fn, (x, *params))
+
+
+def test_flops_hand_count_and_auto_choice(monkeypatch):
+    layer = MPOLinear((2, 3), (4, 5), (1, 3, 1))
+    # Left to right: core 0 sees 1·5 and core 1 sees 2·1 input slices -> 5·24 + 2·45 = 210
+    # MACs per row (right to left would be 3·24 + 4·45 = 252). Rebuild: 24 + (2·4)·45 = 384.
+    assert layer.flops(1) == {"contract": 2 * 210, "dense": 2 * (384 + 6 * 20)}
+    assert layer.flops(10) == {"contract": 2 * 2100, "dense": 2 * (384 + 10 * 120)}
+    calls = []
+    original = layer._contract
+
+    def spy(t):
+        calls.append(t.shape[0])
+        return original(t)
+
+    monkeypatch.setattr(layer, "_contract", spy)
+    layer(torch.randn(1, 20))
+    layer(torch.randn(10, 20))
+    assert calls == [1]
+
+
+def test_state_dict_round_trip():
+    layer = MPOLinear.from_linear(linear(768, 3072, seed=13), max_bond=6)
+    buffer = io.BytesIO()
+    torch.save(layer.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = MPOLinear(layer.out_shape, layer.in_shape, layer.bond_dims)
+    fresh.load_state_dict(torch.load(buffer))
+    x = torch.randn(3, 768)
+    assert torch.equal(fresh(x), layer(x))
+    assert sorted(layer.state_dict()) == ["bias"] + [f"cores.{k}" for k in range(5)]
+
+
+def test_bias_free_layer():
+    lin = torch.nn.Linear(60, 96, bias=False)
+    layer = MPOLinear.from_linear(lin, ([4, 6, 4], [3, 5, 4]))
+    assert layer.bias is None
+    x = torch.randn(4, 60)
+    torch.testing.assert_close(layer(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
+
+
+# --- model conversion ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=100
+    )
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    inputs = {
+        "input_ids": torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(1)),
+        "attention_mask": torch.ones(2, 12, dtype=torch.long),
+    }
+    return model, inputs
+
+
+def outputs(model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).last_hidden_state
+
+
+def test_convert_full_rank_matches_original(tiny_bert):
+    model, inputs = tiny_bert
+    converted = copy.deepcopy(model)
+    records = convert_linears(converted)
+    expected_paths = {
+        f"encoder.layer.{i}.{p}"
+        for i in range(2)
+        for p in (
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+            "intermediate.dense",
+            "output.dense",
+        )
+    }
+    assert set(records) == expected_paths
+    assert isinstance(converted.encoder.layer[1].output.dense, MPOLinear)
+    assert not isinstance(converted.pooler.dense, MPOLinear)
+    assert records["encoder.layer.0.intermediate.dense"]["out_shape"] == factorize(256)
+    assert all(r["rel_error"] < 1e-6 for r in records.values())
+    assert (outputs(converted, inputs) - outputs(model, inputs)).abs().max().item() <= 1e-4
+
+
+def test_suffix_targets_match_precisely(tiny_bert):
+    model, _ = tiny_bert
+    ffn_out = convert_linears(copy.deepcopy(model), targets=("output.dense",))
+    assert set(ffn_out) == {"encoder.layer.0.output.dense", "encoder.layer.1.output.dense"}
+    attn_out = convert_linears(copy.deepcopy(model), targets=("attention.output.dense",))
+    assert set(attn_out) == {"encoder.layer.0.attention.output.dense", "encoder.layer.1.attention.output.dense"}
+    with pytest.raises(ValueError, match="match no nn.Linear"):
+        convert_linears(copy.deepcopy(model), targets=("dense.output",))
+
+
+def test_save_load_round_trip(tiny_bert, tmp_path):
+    model, inputs = tiny_bert
+    converted = copy.deepcopy(model)
+    records = convert_linears(converted, max_bond=4, shapes={64: [4, 4, 4]}, n_cores=3)
+    assert records["encoder.layer.0.attention.self.query"]["bond_dims"] == [1, 4, 4, 1]
+    save_converted(converted, tmp_path / "mpo_bert")
+    loaded = load_converted(tmp_path / "mpo_bert")
+    assert type(loaded) is type(model)
+    for path, record in records.items():
+        assert list(loaded.get_submodule(path).bond_dims) == record["bond_dims"]
+    assert torch.equal(outputs(loaded, inputs), outputs(converted, inputs))
