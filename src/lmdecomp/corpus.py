@@ -276,3 +276,10 @@ def read_sequences(path: str | Path, columns: Iterable[str] | None = None) -> pa
     if missing:
         raise CorpusError(f"{path} lacks columns {sorted(missing)}; rebuild it with the corpus step")
     return table
+
+
+def split_texts(path: str | Path, splits: Iterable[str]) -> list[list[str]]:
+    """The texts of each named split, in seq_id order."""
+    table = read_sequences(path, columns=["split", "text"])
+    split_col, text_col = table.column("split").to_pylist(), table.column("text").to_pylist()
+    return [[t for s, t in zip(split_col, text_col) if s == wanted] for wanted in splits]

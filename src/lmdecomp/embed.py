@@ -135,7 +135,6 @@ def embed_model(
     device = pick_device(cfg.get("device", "auto"))
     dtype = cfg.get("dtype", "float32")
 
-    torch.manual_seed(0)  # any weights the checkpoint lacks (e.g. an unused pooler) init the same way
     tokenizer = ref.load_tokenizer()
     model = ref.load_model().to(device)
     n_states = model.config.num_hidden_layers + 1

@@ -1,5 +1,5 @@
 # Small helpers that compute rule inputs and arguments from the config.
-from lmdecomp.params import load_params
+from lmdecomp.params import load_params, model_spec
 
 
 def config_files():

@@ -1,0 +1,630 @@
+"""Generic, resumable masked-LM training loop.
+
+``train_mlm`` trains *any* ``nn.Module`` that can be called as
+``model(input_ids=..., attention_mask=..., labels=...)`` and returns an object
+with a ``.loss`` attribute holding the mean cross-entropy over the positions
+whose label is not ``-100`` (every Hugging Face ``*ForMaskedLM`` model, and the
+MPO-compressed BERT used for continued pretraining, qualify).
+
+Data
+----
+Texts are turned into fixed-length blocks by **concatenation** (no text is
+truncated, nothing is thrown away): every text is tokenized without special
+tokens, the texts are joined with the tokenizer's separator token
+(``sep_token`` or, failing that, ``eos_token``) between consecutive texts, and
+the resulting stream is cut into chunks of ``max_length - 2`` tokens, each of
+which is wrapped as ``[CLS] chunk [SEP]`` (``cls``/``bos`` and ``sep``/``eos``
+ids of the tokenizer).  Only the very last block can be shorter; it is
+right-padded with ``pad_token_id`` and its padding has ``attention_mask == 0``.
+See :func:`make_blocks`.  Special tokens (including ``[UNK]``, as in Hugging
+Face's ``DataCollatorForLanguageModeling``) and padding are never masked, never
+scored and never used as random replacements.
+
+Randomness and exact resume
+---------------------------
+No random state is carried from one step to the next.  For step ``s``
+(1-based) the batch, the mask and the dropout are drawn from generators seeded
+by a hash of ``(seed, purpose, s)``:
+
+* batch: sample index ``i = (s-1)*batch_size + j`` of epoch ``i // n_blocks``
+  is taken from a permutation of the blocks drawn with seed
+  ``(seed, "epoch", epoch)`` (every block is seen once per epoch);
+* mask: ``torch.Generator`` seeded with ``(seed, "mask", s)``;
+* dropout: the global torch RNG is re-seeded with ``(seed, "dropout", s)``
+  inside ``torch.random.fork_rng`` (the caller's global RNG is restored
+  afterwards).
+
+Hence the complete training state after step ``s`` is (model, optimizer,
+scheduler, ``s``, log); the checkpoint stores exactly that (plus the global RNG
+states for good measure), so an interrupted-and-resumed run reproduces the
+uninterrupted run bit for bit (on the same hardware and thread count).
+
+Validation
+----------
+The validation loss is the token-weighted mean cross-entropy over a FIXED set
+of masked positions of the validation blocks: positions are chosen with
+probability ``mask_prob`` among the maskable tokens (not special, not padding)
+by a generator seeded with ``config.val_seed`` (independent of the training
+seed, so different runs/seeds are scored on the same positions), and every
+chosen position is replaced by the mask token (no 80/10/10 at evaluation, so
+the model never sees the answer).  ``val_perplexity = exp(val_loss)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+__all__ = [
+    "TrainConfig",
+    "TrainResult",
+    "CheckpointMismatch",
+    "train_mlm",
+    "make_blocks",
+    "mask_tokens",
+    "fixed_eval_mask",
+    "evaluate_mlm",
+    "derive_seed",
+    "CHECKPOINT_NAME",
+]
+
+CHECKPOINT_NAME = "checkpoint.pt"
+_CKPT_FORMAT = 1
+
+
+# --------------------------------------------------------------------------- #
+# configuration / result
+# --------------------------------------------------------------------------- #
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of :func:`train_mlm`.
+
+    Fields that define the trajectory (everything except ``checkpoint_every``,
+    ``device``, ``val_batch_size``) are stored in the checkpoint and a resume
+    with different values is refused (:class:`CheckpointMismatch`).
+    """
+
+    steps: int
+    batch_size: int
+    learning_rate: float = 5e-4
+    warmup_ratio: float = 0.06
+    weight_decay: float = 0.01
+    grad_clip: float | None = 1.0
+    seed: int = 0
+    mask_prob: float = 0.15
+    max_length: int = 128
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    val_seed: int = 1234
+    val_batch_size: int = 64
+    checkpoint_every: int = 0  # 0: only when stopping early / at the end
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    eval_at_start: bool = True
+
+    @classmethod
+    def from_any(cls, config: "TrainConfig | Mapping[str, Any]") -> "TrainConfig":
+        if isinstance(config, TrainConfig):
+            return config
+        if isinstance(config, Mapping):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(config) - known)
+            if unknown:
+                raise ValueError(f"unknown TrainConfig field(s): {unknown}")
+            return cls(**dict(config))
+        raise TypeError(f"config must be a TrainConfig or a mapping, got {type(config).__name__}")
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: {why}")
+
+        for name in ("steps", "batch_size", "max_length", "val_batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad(name, "must be a positive integer")
+        if self.max_length < 3:
+            raise bad("max_length", "must be >= 3 (room for [CLS], [SEP] and one token)")
+        if not (0.0 < float(self.mask_prob) < 1.0):
+            raise bad("mask_prob", "must be in (0, 1)")
+        if not (0.0 <= float(self.warmup_ratio) < 1.0):
+            raise bad("warmup_ratio", "must be in [0, 1)")
+        if float(self.learning_rate) <= 0:
+            raise bad("learning_rate", "must be > 0")
+        if float(self.weight_decay) < 0:
+            raise bad("weight_decay", "must be >= 0")
+        if self.grad_clip is not None and float(self.grad_clip) <= 0:
+            raise bad("grad_clip", "must be > 0 or None")
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+            raise bad("checkpoint_every", "must be an integer >= 0")
+        self.adam_betas = (float(self.adam_betas[0]), float(self.adam_betas[1]))
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that determine the training trajectory."""
+        d = dataclasses.asdict(self)
+        for k in ("checkpoint_every", "device", "val_batch_size", "eval_at_start"):
+            d.pop(k)
+        d["adam_betas"] = list(d["adam_betas"])
+        return d
+
+
+@dataclass
+class TrainResult:
+    log: list[dict[str, float]]  # one row per step: {"step", "loss", "lr"}
+    final_train_loss: float | None  # mean loss of the last min(10, steps) steps
+    val_loss: float | None
+    val_perplexity: float | None
+    initial_val_loss: float | None  # val loss of the untrained model (step 0)
+    steps_done: int
+    completed: bool
+    n_train_tokens: int  # non-special, non-pad tokens in the training blocks
+    n_train_blocks: int
+    n_val_tokens_scored: int
+    resumed_from_step: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class CheckpointMismatch(RuntimeError):
+    """The checkpoint in checkpoint_dir belongs to a different run."""
+
+
+class _StopTraining(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+def derive_seed(*parts: Any) -> int:
+    """A 63-bit seed derived deterministically from ``parts`` (e.g. (seed, "mask", step))."""
+    h = hashlib.sha256(repr(tuple(parts)).encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def _gen(*parts: Any) -> torch.Generator:
+    g = torch.Generator(device="cpu")
+    g.manual_seed(derive_seed(*parts))
+    return g
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _special_ids(tokenizer) -> list[int]:
+    ids = set(int(i) for i in getattr(tokenizer, "all_special_ids", []) if i is not None)
+    for name in ("pad_token_id", "cls_token_id", "sep_token_id", "bos_token_id", "eos_token_id", "mask_token_id", "unk_token_id"):
+        v = getattr(tokenizer, name, None)
+        if v is not None:
+            ids.add(int(v))
+    return sorted(ids)
+
+
+def _boundary_ids(tokenizer) -> tuple[int | None, int | None]:
+    start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    end = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    return start, end
+
+
+def make_blocks(tokenizer, texts: Sequence[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokenize ``texts`` into fixed-length blocks by concatenation.
+
+    Returns ``(input_ids, attention_mask)``, both ``LongTensor[n_blocks, max_length]``.
+    See the module docstring for the exact layout.  Empty / whitespace-only texts are
+    skipped.  An empty input gives tensors with 0 rows.
+    """
+    start, end = _boundary_ids(tokenizer)
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = end if end is not None else 0
+    n_special = (start is not None) + (end is not None)
+    chunk = max_length - n_special
+    if chunk < 1:
+        raise ValueError(f"max_length={max_length} leaves no room for content tokens")
+    texts = [t for t in texts if t and not t.isspace()]
+    stream: list[int] = []
+    if texts:
+        enc = tokenizer(list(texts), add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+        for i, ids in enumerate(enc):
+            if i and end is not None:
+                stream.append(end)
+            stream.extend(ids)
+    rows: list[list[int]] = []
+    masks: list[list[int]] = []
+    for s in range(0, len(stream), chunk):
+        body = stream[s : s + chunk]
+        row = ([start] if start is not None else []) + body + ([end] if end is not None else [])
+        m = [1] * len(row)
+        if len(row) < max_length:
+            fill = max_length - len(row)
+            row = row + [pad] * fill
+            m = m + [0] * fill
+        rows.append(row)
+        masks.append(m)
+    if not rows:
+        return torch.zeros((0, max_length), dtype=torch.long), torch.zeros((0, max_length), dtype=torch.long)
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(masks, dtype=torch.long)
+
+
+def _maskable(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids: torch.Tensor) -> torch.Tensor:
+    return attention_mask.bool() & ~torch.isin(input_ids, special_ids)
+
+
+def mask_tokens(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    special_ids: torch.Tensor,
+    mask_token_id: int,
+    replace_ids: torch.Tensor,
+    mask_prob: float,
+    generator: torch.Generator,
+    keep_random: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking on CPU tensors, all randomness from ``generator``.
+
+    Each maskable token (not special, not padding) is selected with probability
+    ``mask_prob``; of the selected, 80% become ``mask_token_id``, 10% a random
+    id from ``replace_ids`` and 10% stay unchanged (``keep_random=False``: 100%
+    become the mask token).  At least one position is selected if any is
+    maskable.  Returns ``(inputs, labels)`` with ``labels == -100`` where not
+    selected.
+    """
+    maskable = _maskable(input_ids, attention_mask, special_ids)
+    r = torch.rand(input_ids.shape, generator=generator)
+    selected = (r < mask_prob) & maskable
+    if not bool(selected.any()):
+        if not bool(maskable.any()):
+            raise ValueError("no maskable tokens in batch")
+        first = int(torch.nonzero(maskable.flatten())[0])
+        selected.view(-1)[first] = True
+    labels = torch.where(selected, input_ids, torch.full_like(input_ids, -100))
+    inputs = input_ids.clone()
+    if keep_random:
+        r2 = torch.rand(input_ids.shape, generator=generator)
+        rnd = replace_ids[torch.randint(len(replace_ids), input_ids.shape, generator=generator)]
+        inputs = torch.where(selected & (r2 < 0.8), torch.full_like(inputs, mask_token_id), inputs)
+        inputs = torch.where(selected & (r2 >= 0.8) & (r2 < 0.9), rnd, inputs)
+    else:
+        inputs[selected] = mask_token_id
+    return inputs, labels
+
+
+def _replace_ids(tokenizer, vocab_size: int) -> torch.Tensor:
+    special = set(_special_ids(tokenizer))
+    ids = [i for i in range(vocab_size) if i not in special]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def fixed_eval_mask(tokenizer, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask_prob: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed validation mask: ``(masked_inputs, labels)`` for all blocks at once.
+
+    Positions are chosen with a generator seeded by ``derive_seed(seed, "val-mask")``
+    and all chosen positions are replaced by the mask token.
+    """
+    if tokenizer.mask_token_id is None:
+        raise ValueError("tokenizer has no mask token")
+    if input_ids.numel() == 0:
+        return input_ids.clone(), input_ids.clone()
+    special = torch.tensor(_special_ids(tokenizer), dtype=torch.long)
+    return mask_tokens(
+        input_ids,
+        attention_mask,
+        special_ids=special,
+        mask_token_id=int(tokenizer.mask_token_id),
+        replace_ids=special,  # unused
+        mask_prob=mask_prob,
+        generator=_gen(seed, "val-mask"),
+        keep_random=False,
+    )
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def evaluate_mlm(model: nn.Module, inputs: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, batch_size: int = 64, device: torch.device | str | None = None) -> tuple[float | None, int]:
+    """Token-weighted mean masked-LM loss over pre-masked ``inputs``/``labels``.
+
+    Returns ``(loss, n_scored_tokens)``; loss is None when nothing is scored.
+    Relies on ``model(...).loss`` being the mean over non-ignored labels.
+    """
+    if device is None:
+        device = next(model.parameters()).device
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    total, n_total = 0.0, 0
+    try:
+        for s in range(0, inputs.shape[0], batch_size):
+            lab = labels[s : s + batch_size]
+            n = int((lab != -100).sum())
+            if n == 0:
+                continue
+            with _autocast(device):
+                out = model(
+                    input_ids=inputs[s : s + batch_size].to(device),
+                    attention_mask=attention_mask[s : s + batch_size].to(device),
+                    labels=lab.to(device),
+                )
+            total += float(out.loss.float()) * n
+            n_total += n
+    finally:
+        model.train(was_training)
+    if n_total == 0:
+        return None, 0
+    return total / n_total, n_total
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    # model.named_parameters() deduplicates shared parameters (same nn.Parameter
+    # object used by several modules), so each parameter is optimized once.
+    decay, no_decay = [], []
+    for _name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        # biases and LayerNorm weights/biases (all 0-/1-d tensors): no weight decay
+        (no_decay if p.ndim < 2 else decay).append(p)
+    groups = []
+    if decay:
+        groups.append({"params": decay, "weight_decay": float(weight_decay)})
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _blocks_digest(ids: torch.Tensor) -> str:
+    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def _deterministic(device: torch.device):
+    prev = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+
+
+# --------------------------------------------------------------------------- #
+# main entry point
+# --------------------------------------------------------------------------- #
+def train_mlm(
+    model: nn.Module,
+    tokenizer,
+    train_texts: Sequence[str],
+    val_texts: Sequence[str],
+    config: TrainConfig | Mapping[str, Any],
+    checkpoint_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    *,
+    max_steps_this_run: int | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` (in place) with the masked-LM objective.
+
+    ``checkpoint_dir``: if given, the state is saved there atomically
+    (``checkpoint.pt``) every ``config.checkpoint_every`` steps, when stopping
+    early and at the end; if a checkpoint is already there the run resumes from
+    it (a finished checkpoint makes this call only re-evaluate).  A checkpoint of
+    a different run (other config identity or training data) raises
+    :class:`CheckpointMismatch`.
+
+    ``max_steps_this_run``: stop (after saving a checkpoint) once this many steps
+    have been done in this call; the result then has ``completed=False`` and no
+    validation numbers.  ``on_step(step, loss)`` is called after every step
+    (after any checkpoint of that step); an exception raised there propagates
+    (used by the tests to simulate a kill).
+
+    The model must be on CPU or be movable with ``.to(device)``; it is left on
+    the training device, in train mode.
+    """
+    cfg = TrainConfig.from_any(config)
+    device = _resolve_device(cfg.device)
+    if tokenizer.mask_token_id is None:
+        raise ValueError("tokenizer has no mask token; masked-LM training needs one")
+
+    train_ids, train_am = make_blocks(tokenizer, train_texts, cfg.max_length)
+    if train_ids.shape[0] == 0:
+        raise ValueError("no training text")
+    val_ids, val_am = make_blocks(tokenizer, val_texts, cfg.max_length)
+    val_inputs, val_labels = fixed_eval_mask(tokenizer, val_ids, val_am, cfg.mask_prob, cfg.val_seed)
+
+    special = torch.tensor(_special_ids(tokenizer), dtype=torch.long)
+    vocab_size = len(tokenizer)
+    try:  # never draw random replacement ids the model cannot embed
+        vocab_size = min(vocab_size, int(model.get_input_embeddings().weight.shape[0]))
+    except (AttributeError, NotImplementedError, TypeError):
+        pass
+    replace_ids = _replace_ids(tokenizer, vocab_size)
+    n_train_tokens = int(_maskable(train_ids, train_am, special).sum())
+    n_blocks = train_ids.shape[0]
+
+    model.to(device)
+    model.train()
+    optimizer = torch.optim.AdamW(
+        _param_groups(model, cfg.weight_decay),
+        lr=cfg.learning_rate,
+        betas=cfg.adam_betas,
+        eps=cfg.adam_eps,
+    )
+    from transformers import get_linear_schedule_with_warmup
+
+    warmup = int(round(cfg.warmup_ratio * cfg.steps))
+    scheduler = get_linear_schedule_with_warmup(optimizer, warmup, cfg.steps)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    identity = {"config": cfg.identity(), "train_blocks_sha256": _blocks_digest(train_ids), "val_blocks_sha256": _blocks_digest(val_ids)}
+    ckpt_path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
+
+    log: list[dict[str, float]] = []
+    start_step = 0
+    initial_val_loss: float | None = None
+    resumed_from: int | None = None
+    if ckpt_path is not None:
+        for stale in ckpt_path.parent.glob(f".{ckpt_path.name}.tmp-*"):
+            stale.unlink(missing_ok=True)  # left behind by a run killed while saving
+    if ckpt_path is not None and ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        if state.get("format") != _CKPT_FORMAT:
+            raise CheckpointMismatch(f"{ckpt_path}: unknown checkpoint format {state.get('format')!r}")
+        if json.dumps(state["identity"], sort_keys=True) != json.dumps(identity, sort_keys=True):
+            raise CheckpointMismatch(f"{ckpt_path} was written by a different run (config or data differ); delete it to start over")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start_step = int(state["step"])
+        log = list(state["log"])
+        initial_val_loss = state["initial_val_loss"]
+        resumed_from = start_step
+        del state
+
+    def save(step: int) -> None:
+        if ckpt_path is None:
+            return
+        _atomic_torch_save(
+            {
+                "format": _CKPT_FORMAT,
+                "identity": identity,
+                "step": step,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "log": log,
+                "initial_val_loss": initial_val_loss,
+                "cpu_rng_state": torch.get_rng_state(),
+            },
+            ckpt_path,
+        )
+
+    with _deterministic(device):
+        if start_step == 0 and cfg.eval_at_start and val_labels.numel():
+            initial_val_loss, _ = evaluate_mlm(model, val_inputs, val_am, val_labels, cfg.val_batch_size, device)
+
+        perms: dict[int, torch.Tensor] = {}
+
+        def batch_indices(step: int) -> torch.Tensor:
+            first = (step - 1) * cfg.batch_size
+            out = []
+            for i in range(first, first + cfg.batch_size):
+                epoch, pos = divmod(i, n_blocks)
+                if epoch not in perms:
+                    if len(perms) > 2:
+                        perms.pop(min(perms))
+                    perms[epoch] = torch.randperm(n_blocks, generator=_gen(cfg.seed, "epoch", epoch))
+                out.append(int(perms[epoch][pos]))
+            return torch.tensor(out, dtype=torch.long)
+
+        fork_devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+        completed = start_step >= cfg.steps
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start_step, disable=not progress, desc="mlm", dynamic_ncols=True, mininterval=0.5)
+        try:
+            with torch.random.fork_rng(devices=fork_devices):
+                for step in range(start_step + 1, cfg.steps + 1):
+                    torch.manual_seed(derive_seed(cfg.seed, "dropout", step))
+                    idx = batch_indices(step)
+                    ids, am = train_ids[idx], train_am[idx]
+                    inputs, labels = mask_tokens(
+                        ids,
+                        am,
+                        special_ids=special,
+                        mask_token_id=int(tokenizer.mask_token_id),
+                        replace_ids=replace_ids,
+                        mask_prob=cfg.mask_prob,
+                        generator=_gen(cfg.seed, "mask", step),
+                    )
+                    lr = float(scheduler.get_last_lr()[0])
+                    with _autocast(device):
+                        out = model(input_ids=inputs.to(device), attention_mask=am.to(device), labels=labels.to(device))
+                    loss = out.loss
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if cfg.grad_clip is not None:
+                        torch.nn.utils.clip_grad_norm_(params, float(cfg.grad_clip))
+                    optimizer.step()
+                    scheduler.step()
+                    loss_v = float(loss.detach().float())
+                    if not math.isfinite(loss_v):
+                        raise FloatingPointError(f"non-finite training loss {loss_v} at step {step}")
+                    log.append({"step": step, "loss": loss_v, "lr": lr})
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss_v:.3f}", refresh=False)
+                    if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                        save(step)
+                    if on_step is not None:
+                        on_step(step, loss_v)
+                    if max_steps_this_run is not None and step - start_step >= max_steps_this_run and step < cfg.steps:
+                        save(step)
+                        raise _StopTraining(step)
+                completed = True
+        except _StopTraining as stop:
+            bar.close()
+            done = int(stop.args[0])
+            tail = [r["loss"] for r in log[-10:]]
+            return TrainResult(
+                log=log,
+                final_train_loss=sum(tail) / len(tail) if tail else None,
+                val_loss=None,
+                val_perplexity=None,
+                initial_val_loss=initial_val_loss,
+                steps_done=done,
+                completed=False,
+                n_train_tokens=n_train_tokens,
+                n_train_blocks=n_blocks,
+                n_val_tokens_scored=int((val_labels != -100).sum()),
+                resumed_from_step=resumed_from,
+            )
+        bar.close()
+        if completed and (resumed_from is None or resumed_from < cfg.steps):
+            save(cfg.steps)
+
+        val_loss, n_scored = (None, 0)
+        if val_labels.numel():
+            val_loss, n_scored = evaluate_mlm(model, val_inputs, val_am, val_labels, cfg.val_batch_size, device)
+
+    tail = [r["loss"] for r in log[-10:]]
+    return TrainResult(
+        log=log,
+        final_train_loss=sum(tail) / len(tail) if tail else None,
+        val_loss=val_loss,
+        val_perplexity=math.exp(val_loss) if val_loss is not None else None,
+        initial_val_loss=initial_val_loss,
+        steps_done=cfg.steps,
+        completed=True,
+        n_train_tokens=n_train_tokens,
+        n_train_blocks=n_blocks,
+        n_val_tokens_scored=n_scored,
+        resumed_from_step=resumed_from,
+    )
