@@ -694,3 +694,28 @@ def greedy_selection(
         rows.append({"target": target, "k": k, "added_model": cand, "alpha": fit.alpha,
                      "val_r2": float(val), "test_r2": r_squared(moments, fit, "test")})
     return rows
+
+
+def add_confidence_intervals(
+    rows: list[dict], blocks: BlockMoments, n_boot: int, level: float, seed: int
+) -> list[dict]:
+    """Give every fit row ``r2_lo``/``r2_hi``: its block-bootstrap interval at ``level``.
+
+    A row without ``basis`` is a leave-one-out fit (basis = every other model). The interval is
+    for the row's own α (chosen on the full data when α came from a grid)."""
+    out = []
+    for row in rows:
+        basis = [row["basis"]] if "basis" in row else [n for n in blocks.names if n != row["target"]]
+        lo, hi = bootstrap_r2(blocks, basis, row["target"], row["alpha"], n_boot=n_boot, seed=seed,
+                              level=level, split=row["split"])
+        out.append({**row, "r2_lo": lo, "r2_hi": hi})
+    return out
+
+
+def rows_per_block(sequences: str | Path, n_blocks: int) -> int:
+    """Rows per bootstrap block so that the corpus splits into ``n_blocks`` blocks of consecutive
+    sequences; the block count, not the corpus size, bounds the size of the block moments."""
+    import pyarrow.parquet as pq
+
+    rows = pq.ParquetFile(sequences).metadata.num_rows
+    return max(1, -(-rows // max(1, int(n_blocks))))

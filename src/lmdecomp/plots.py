@@ -23,44 +23,131 @@ def _save(fig, path: str | Path) -> None:
     plt.close(fig)
 
 
-def pairwise_heatmap(pairwise: pl.DataFrame, path: str | Path, split: str = "test") -> None:
-    """Heatmap of R² with the basis model on rows and the target model on columns."""
-    rows = pairwise.filter(pl.col("split") == split)
-    names = sorted(set(rows["basis"]) | set(rows["target"]))
-    index = {n: i for i, n in enumerate(names)}
-    grid = np.full((len(names), len(names)), np.nan)
-    for r in rows.iter_rows(named=True):
-        grid[index[r["basis"]], index[r["target"]]] = r["r2"]
-    size = 1.2 + 0.9 * len(names)
-    fig, ax = plt.subplots(figsize=(size + 1.5, size))
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")  # the diagonal: no self-fit
-    image = ax.imshow(grid, cmap=cmap, vmin=min(0.0, np.nanmin(grid)), vmax=1.0)
+def _heatmap(fig, ax, grid: np.ndarray, names: list[str], title: str, label: str) -> None:
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")  # NaN: no self-fit
+    image = ax.imshow(grid, cmap=cmap, vmin=min(0.0, float(np.nanmin(grid))), vmax=1.0)
     for (i, j), value in np.ndenumerate(grid):
         text = "—" if np.isnan(value) else f"{value:.2f}"
         colour = "black" if np.isnan(value) or value >= 0.6 else "white"
         ax.text(j, i, text, ha="center", va="center", color=colour, fontsize=9)
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
     ax.set_yticks(range(len(names)), names)
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label=label, shrink=0.8)
+
+
+def _pair_grid(rows: pl.DataFrame, row_key: str, col_key: str, value: str, names: list[str], symmetric=False):
+    index = {n: i for i, n in enumerate(names)}
+    grid = np.full((len(names), len(names)), np.nan)
+    for r in rows.iter_rows(named=True):
+        grid[index[r[row_key]], index[r[col_key]]] = r[value]
+        if symmetric:
+            grid[index[r[col_key]], index[r[row_key]]] = r[value]
+    return grid
+
+
+def pairwise_heatmap(pairwise: pl.DataFrame, path: str | Path, split: str = "test") -> None:
+    """Heatmap of R² with the basis model on rows and the target model on columns."""
+    rows = pairwise.filter(pl.col("split") == split)
+    names = sorted(set(rows["basis"]) | set(rows["target"]))
+    size = 1.2 + 0.9 * len(names)
+    fig, ax = plt.subplots(figsize=(size + 1.5, size))
+    _heatmap(fig, ax, _pair_grid(rows, "basis", "target", "r2", names), names, f"Pairwise LMD: {split} R²", "R²")
     ax.set_xlabel("target (explained)")
     ax.set_ylabel("basis (explaining)")
-    ax.set_title(f"Pairwise LMD: {split} R²")
-    fig.colorbar(image, ax=ax, label="R²")
     _save(fig, path)
 
 
 def loo_bars(loo: pl.DataFrame, path: str | Path, split: str = "test") -> None:
-    """One bar per target: R² when explained by all other models together; the mean dashed."""
+    """One bar per target: R² when explained by all other models together, with its bootstrap
+    interval when the table has one; the mean dashed."""
     rows = loo.filter(pl.col("split") == split).sort("target")
     names, values = rows["target"].to_list(), rows["r2"].to_numpy()
     fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(names), 4))
     ax.bar(names, values, color="#4C72B0")
+    if "r2_lo" in rows.columns:
+        # Drawn as [lo, hi] segments: a bootstrap interval need not contain the estimate.
+        x = np.arange(len(names))
+        ax.vlines(x, rows["r2_lo"].to_numpy(), rows["r2_hi"].to_numpy(), color="#222222", linewidth=2)
+        ax.hlines(np.concatenate([rows["r2_lo"].to_numpy(), rows["r2_hi"].to_numpy()]),
+                  np.tile(x - 0.12, 2), np.tile(x + 0.12, 2), color="#222222", linewidth=1.5)
     mean = float(np.mean(values))
     ax.axhline(mean, color="#C44E52", linestyle="--", label=f"mean {mean:.3f}")
     for i, v in enumerate(values):
-        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=9)
+        ax.text(i, v / 2, f"{v:.2f}", ha="center", va="center", color="white", fontsize=9)
     ax.set_ylim(min(0.0, float(values.min()) - 0.05), 1.05)
     ax.set_ylabel(f"{split} R²")
-    ax.set_title("Leave-one-out LMD: each model from all others")
+    title = "Leave-one-out LMD: each model from all others"
+    if "r2_lo" in rows.columns:
+        title += "\n(bars: bootstrap interval)"
+    ax.set_title(title)
     ax.tick_params(axis="x", rotation=45)
     ax.legend(loc="upper right")
+    _save(fig, path)
+
+
+def selection_curves(selection: pl.DataFrame, path: str | Path) -> None:
+    """Greedy forward selection: val R² (solid) and test R² (dashed) against basis size k."""
+    targets = sorted(set(selection["target"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, target in enumerate(targets):
+        rows = selection.filter(pl.col("target") == target).sort("k")
+        colour = f"C{i % 10}"
+        ax.plot(rows["k"], rows["val_r2"], marker="o", color=colour, label=target)
+        ax.plot(rows["k"], rows["test_r2"], linestyle="--", color=colour, alpha=0.6)
+        first = rows.row(0, named=True)
+        ax.annotate(first["added_model"], (1, first["val_r2"]), fontsize=7, xytext=(4, -3),
+                    textcoords="offset points", color=colour)
+    ax.set_xlabel("basis models selected (k)")
+    ax.set_ylabel("R² (solid: val, dashed: test)")
+    ax.set_title("Greedy basis selection per target")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize=8, title="target", loc="lower right")
+    _save(fig, path)
+
+
+def lmd_vs_similarity(pairwise: pl.DataFrame, similarity: pl.DataFrame, path: str | Path, split: str = "test") -> None:
+    """Side by side: LMD pairwise R² (asymmetric: how much of the target the basis explains
+    linearly), linear CKA (symmetric) and mutual k-NN alignment (symmetric, local structure)."""
+    rows = pairwise.filter(pl.col("split") == split)
+    names = sorted(set(rows["basis"]) | set(rows["target"]))
+    size = 1.2 + 0.9 * len(names)
+    fig, axes = plt.subplots(1, 3, figsize=(3 * (size + 1.4), size), layout="constrained")
+    _heatmap(fig, axes[0], _pair_grid(rows, "basis", "target", "r2", names), names,
+             f"LMD R² (row explains column)", "R²")
+    _heatmap(fig, axes[1], _pair_grid(similarity, "a", "b", "cka", names, symmetric=True), names,
+             "linear CKA (biased HSIC)", "CKA")
+    knn_k = int(similarity["knn_k"][0]) if similarity.height else 0
+    _heatmap(fig, axes[2], _pair_grid(similarity, "a", "b", "mutual_knn", names, symmetric=True), names,
+             f"mutual {knn_k}-NN alignment", "fraction shared")
+    _save(fig, path)
+
+
+def mpo_tradeoff(tables: dict[str, dict[str, pl.DataFrame]], path: str | Path) -> None:
+    """Left: fraction of parameters kept against achieved reconstruction error, summed over the
+    targeted layers of each model, one line per model (the budget ladder). Right: the same
+    fraction against the val masked-LM loss of the whole truncated model."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+    for i, (name, t) in enumerate(sorted(tables.items())):
+        colour = f"C{i % 10}"
+        ladder = (t["ladder"].group_by("budget")
+                  .agg(pl.col("params").sum(), pl.col("dense_params").sum(),
+                       (pl.col("rel_error") ** 2 * pl.col("dense_params")).sum().alias("weighted_sq"))
+                  .sort("budget"))
+        kept = (ladder["params"] / ladder["dense_params"]).to_numpy()
+        error = np.sqrt((ladder["weighted_sq"] / ladder["dense_params"]).to_numpy())
+        left.plot(error, kept, marker="o", color=colour, label=name)
+        for b, x, y in zip(ladder["budget"], error, kept):
+            left.annotate(f"τ={b:g}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        loss = t["loss"].sort("budget")
+        right.plot(loss["params"] / loss["dense_params"], loss["val_loss"], marker="s", color=colour, label=name)
+    left.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    left.set_xlabel("relative reconstruction error (RMS over layers)")
+    left.set_ylabel("parameters kept / dense")
+    left.set_title("MPO truncation: parameters vs error")
+    right.set_xlabel("parameters kept / dense (targeted layers)")
+    right.set_ylabel("val masked-LM loss")
+    right.set_title("MPO truncation: parameters vs val loss")
+    for ax in (left, right):
+        ax.legend(fontsize=8)
     _save(fig, path)

@@ -24,7 +24,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -144,3 +145,41 @@ def mutual_knn(x: np.ndarray, y: np.ndarray, k: int = 10, chunk: int = 1024) -> 
     both = np.sort(np.concatenate([nx, ny], axis=1), axis=1)
     overlap = np.sum(both[:, 1:] == both[:, :-1], axis=1)
     return float(np.mean(overlap) / k) if n else float("nan")
+
+
+def split_rows(folder: str | Path, split: str, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(seq_id, embeddings float64) of the first ``max_rows`` rows of ``split`` in a model's shards."""
+    from . import shards
+
+    ids, rows, have = [], [], 0
+    for part in shards.iter_shards(folder):
+        keep = part.split == split
+        ids.append(part.seq_id[keep])
+        rows.append(part.embedding[keep].astype(np.float64))
+        have += int(keep.sum())
+        if have >= max_rows:
+            break
+    return np.concatenate(ids)[:max_rows], np.concatenate(rows)[:max_rows]
+
+
+def similarity_table(
+    moments: Moments, folders: Mapping[str, str | Path], split: str, max_rows: int, k: int
+) -> list[dict]:
+    """Every unordered model pair: linear CKA with biased HSIC on all rows of ``split`` (from the
+    moments), and unbiased-HSIC CKA and mutual k-NN alignment on its first ``max_rows`` rows."""
+    names = list(folders)
+    data = {name: split_rows(folders[name], split, max_rows) for name in names}
+    rows = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if not np.array_equal(data[a][0], data[b][0]):
+                raise ValueError(f"models {a!r} and {b!r} have different {split} rows; re-embed both")
+            x, y = data[a][1], data[b][1]
+            rows.append({
+                "a": a, "b": b, "split": split, "rows": len(x),
+                "cka": cka_from_moments(moments, a, b, split),
+                "cka_unbiased": cka_unbiased(x, y),
+                "mutual_knn": mutual_knn(x, y, k=min(k, len(x) - 1)),
+                "knn_k": min(k, len(x) - 1),
+            })
+    return rows

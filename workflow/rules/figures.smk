@@ -2,11 +2,15 @@ rule lmd_figures:
     input:
         pairwise="results/lmd/pairwise.parquet",
         loo="results/lmd/loo.parquet",
+        selection="results/lmd/selection.parquet",
+        similarity="results/lmd/similarity.parquet",
     output:
-        pairwise="results/figures/lmd_pairwise.png",
-        loo="results/figures/lmd_loo.png",
+        "results/figures/lmd_pairwise.png",
+        "results/figures/lmd_loo.png",
+        "results/figures/lmd_selection.png",
+        "results/figures/lmd_vs_cka.png",
     log:
         "results/logs/lmd_figures.log",
     shell:
         "python workflow/scripts/figures.py --pairwise {input.pairwise} --loo {input.loo}"
-        " --pairwise-png {output.pairwise} --loo-png {output.loo} 2> {log}"
+        " --selection {input.selection} --similarity {input.similarity} --out results/figures 2> {log}"

@@ -1,24 +1,29 @@
 rule moments:
     input:
-        embedding_dirs,
+        embeddings=embedding_dirs,
+        sequences="results/corpus/sequences.parquet",
     output:
-        "results/lmd/moments.safetensors",
+        moments="results/lmd/moments.safetensors",
+        blocks="results/lmd/block_moments.safetensors",
+    params:
+        models=MODELS,
+        blocks=config["lmd"]["bootstrap_blocks"],
     threads: config["lmd"]["threads"]
     log:
         "results/logs/moments.log",
-    params:
-        models=MODELS,
     shell:
         "python workflow/scripts/moments.py --params {PARAMS} --embeddings results/embeddings"
-        " --out {output} 2> {log}"
+        " --sequences {input.sequences} --out {output.moments} --blocks {output.blocks} 2> {log}"
 
 
 rule lmd_fit:
     input:
-        "results/lmd/moments.safetensors",
+        moments="results/lmd/moments.safetensors",
+        blocks="results/lmd/block_moments.safetensors",
     output:
         pairwise="results/lmd/pairwise.parquet",
         loo="results/lmd/loo.parquet",
+        selection="results/lmd/selection.parquet",
         metrics="results/lmd/metrics.json",
     params:
         lmd=config["lmd"],
@@ -26,5 +31,22 @@ rule lmd_fit:
     log:
         "results/logs/lmd_fit.log",
     shell:
-        "python workflow/scripts/lmd_fit.py --params {PARAMS} --moments {input}"
-        " --pairwise {output.pairwise} --loo {output.loo} --metrics {output.metrics} 2> {log}"
+        "python workflow/scripts/lmd_fit.py --params {PARAMS} --moments {input.moments} --blocks {input.blocks}"
+        " --pairwise {output.pairwise} --loo {output.loo} --selection {output.selection}"
+        " --metrics {output.metrics} 2> {log}"
+
+
+rule similarity:
+    input:
+        embeddings=embedding_dirs,
+        moments="results/lmd/moments.safetensors",
+    output:
+        "results/lmd/similarity.parquet",
+    params:
+        similarity=config["similarity"],
+    threads: config["lmd"]["threads"]
+    log:
+        "results/logs/similarity.log",
+    shell:
+        "python workflow/scripts/similarity.py --params {PARAMS} --embeddings results/embeddings"
+        " --moments {input.moments} --out {output} 2> {log}"

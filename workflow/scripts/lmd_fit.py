@@ -1,4 +1,5 @@
-"""Pairwise and leave-one-out LMD fits from the moments (see lmdecomp.lmd)."""
+"""Pairwise, leave-one-out and greedy-selection LMD fits from the moments, with bootstrap
+confidence intervals from the block moments (see lmdecomp.lmd)."""
 
 import argparse
 import json
@@ -13,17 +14,25 @@ from lmdecomp.params import load_params
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
 parser.add_argument("--moments", required=True)
-parser.add_argument("--pairwise", required=True, help="output Parquet: basis, target, split, r2, alpha")
-parser.add_argument("--loo", required=True, help="output Parquet: target, split, r2, alpha")
+parser.add_argument("--blocks", required=True)
+parser.add_argument("--pairwise", required=True, help="output Parquet: basis, target, split, r2, alpha, r2_lo, r2_hi")
+parser.add_argument("--loo", required=True, help="output Parquet: target, split, r2, alpha, r2_lo, r2_hi")
+parser.add_argument("--selection", required=True, help="output Parquet: target, k, added_model, alpha, val_r2, test_r2")
 parser.add_argument("--metrics", required=True, help="output JSON (DVC metrics)")
 args = parser.parse_args()
 
 cfg = load_params(args.params)["lmd"]
 moments = lmd.Moments.load(args.moments)
+blocks = lmd.BlockMoments.load(args.blocks)
 with lmd.blas_threads(cfg["threads"]):
     pairwise = lmd.fit_pairwise(moments, cfg["alpha"])
     loo = lmd.fit_leave_one_out(moments, cfg["alpha"])
-for rows, path in ((pairwise, args.pairwise), (loo, args.loo)):
+    if cfg["bootstrap"] > 0:
+        ci = dict(n_boot=cfg["bootstrap"], level=cfg["ci_level"], seed=cfg["seed"])
+        pairwise = lmd.add_confidence_intervals(pairwise, blocks, **ci)
+        loo = lmd.add_confidence_intervals(loo, blocks, **ci)
+    selection = [row for target in moments.names for row in lmd.greedy_selection(moments, target, cfg["alpha"])]
+for rows, path in ((pairwise, args.pairwise), (loo, args.loo), (selection, args.selection)):
     with atomic_path(path) as tmp:
         pq.write_table(pa.Table.from_pylist(rows), tmp)
 write_text(args.metrics, json.dumps(lmd.summary_metrics(pairwise, loo), indent=2, sort_keys=True) + "\n")
