@@ -1,0 +1,27 @@
+rule mpo:
+    input:
+        sequences="results/corpus/sequences.parquet",
+        model="results/models/{model}",
+    output:
+        directory("results/mpo/{model}"),
+    params:
+        mpo=config["mpo"],
+    wildcard_constraints:
+        model="|".join(MODELS),
+    threads: max(1, config["embed"].get("threads", 1))
+    log:
+        "results/logs/mpo/{model}.log",
+    shell:
+        "python workflow/scripts/mpo.py --params {PARAMS} --model {wildcards.model}"
+        " --sequences {input.sequences} --out {output} 2> {log}"
+
+
+rule mpo_figure:
+    input:
+        expand("results/mpo/{model}", model=config["mpo"]["models"]),
+    output:
+        "results/figures/mpo_tradeoff.png",
+    log:
+        "results/logs/mpo_figure.log",
+    shell:
+        "python workflow/scripts/mpo_figure.py --params {PARAMS} --mpo results/mpo --out {output} 2> {log}"
