@@ -45,3 +45,18 @@ def tiny_model_dir(tmp_path_factory, minilm_folder) -> Path:
     BertModel(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def write_embeddings(folder: Path, name: str, ids, splits, emb, rows_per_shard: int) -> None:
+    """A model's embedding folder written through the real shard writer, with its manifest."""
+    from lmdecomp import shards
+
+    folder.mkdir(parents=True)
+    entries = []
+    for i, start in enumerate(range(0, len(ids), rows_per_shard)):
+        sl = slice(start, start + rows_per_shard)
+        file = shards.shard_name(i)
+        shards.write_shard(folder / file, ids[sl], list(splits[sl]), emb[sl], 16)
+        entries.append(shards.shard_entry(folder, file, len(ids[sl])))
+    shards.write_manifest(folder, {"schema_version": shards.SCHEMA_VERSION, "model": name,
+                                   "dim": emb.shape[1], "rows": len(ids), "shards": entries})

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmdecomp import lmd, shards
+from conftest import write_embeddings
+from lmdecomp import lmd
 
 
 def planted(rng, n, widths, noise=0.3):
@@ -115,18 +116,6 @@ def test_least_squares_with_too_few_rows_is_refused():
     assert np.isfinite(lmd.r_squared(m, lmd.fit_ridge(m, ["z"], "u", 0.1), "test"))
 
 
-def _write_model(folder, name, ids, splits, emb, rows_per_shard):
-    folder.mkdir(parents=True)
-    entries = []
-    for i, start in enumerate(range(0, len(ids), rows_per_shard)):
-        sl = slice(start, start + rows_per_shard)
-        file = shards.shard_name(i)
-        shards.write_shard(folder / file, ids[sl], list(splits[sl]), emb[sl], 16)
-        entries.append(shards.shard_entry(folder, file, len(ids[sl])))
-    shards.write_manifest(folder, {"schema_version": shards.SCHEMA_VERSION, "model": name,
-                                   "dim": emb.shape[1], "rows": len(ids), "shards": entries})
-
-
 def test_streaming_moments_over_shards_equal_one_in_memory_pass(tmp_path):
     rng = np.random.default_rng(3)
     n = 250
@@ -135,7 +124,7 @@ def test_streaming_moments_over_shards_equal_one_in_memory_pass(tmp_path):
     ids = np.arange(n, dtype=np.int64)
     names = ["m0", "m1", "m2"]
     for name, block in zip(names, blocks):
-        _write_model(tmp_path / name, name, ids, split, block, rows_per_shard=64)
+        write_embeddings(tmp_path / name, name, ids, split, block, rows_per_shard=64)
     streamed = lmd.accumulate_moments({name: tmp_path / name for name in names})
     x = np.concatenate(blocks, axis=1).astype(np.float64)
     for s in lmd.SPLITS:
@@ -152,7 +141,7 @@ def test_streaming_moments_over_shards_equal_one_in_memory_pass(tmp_path):
 def test_models_with_different_seq_ids_are_refused(tmp_path):
     rng = np.random.default_rng(4)
     split = np.array(["train"] * 40, dtype=object)
-    _write_model(tmp_path / "a", "a", np.arange(40), split, rng.normal(size=(40, 3)).astype(np.float32), 20)
-    _write_model(tmp_path / "b", "b", np.arange(40) + 1, split, rng.normal(size=(40, 3)).astype(np.float32), 20)
+    write_embeddings(tmp_path / "a", "a", np.arange(40), split, rng.normal(size=(40, 3)).astype(np.float32), 20)
+    write_embeddings(tmp_path / "b", "b", np.arange(40) + 1, split, rng.normal(size=(40, 3)).astype(np.float32), 20)
     with pytest.raises(lmd.LMDError, match="different seq_id sets"):
         lmd.accumulate_moments({"a": tmp_path / "a", "b": tmp_path / "b"})
