@@ -13,13 +13,15 @@ validate(config, "workflow/schemas/params.schema.yaml")
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/corpus.smk"
+include: "workflow/rules/models.smk"
 include: "workflow/rules/embed.smk"
 include: "workflow/rules/lmd.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/mpo.smk"
 
 
 rule all:
     input:
         "results/lmd/metrics.json",
-        "results/figures/lmd_pairwise.png",
-        "results/figures/lmd_loo.png",
+        rules.lmd_figures.output,
+        rules.mpo_figure.output,

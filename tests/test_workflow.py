@@ -28,11 +28,20 @@ COPY = ["Snakefile", "params.yaml", "dvc.yaml", "workflow", "config", "src", ".d
 ARTIFACTS = [
     "results/corpus/sequences.parquet",
     "results/lmd/moments.safetensors",
+    "results/lmd/block_moments.safetensors",
     "results/lmd/pairwise.parquet",
     "results/lmd/loo.parquet",
+    "results/lmd/selection.parquet",
+    "results/lmd/similarity.parquet",
     "results/lmd/metrics.json",
     "results/figures/lmd_pairwise.png",
     "results/figures/lmd_loo.png",
+    "results/figures/lmd_selection.png",
+    "results/figures/lmd_vs_cka.png",
+    "results/mpo/cassette/spectrum.parquet",
+    "results/mpo/cassette/ladder.parquet",
+    "results/mpo/cassette/loss.parquet",
+    "results/figures/mpo_tradeoff.png",
 ]
 
 
@@ -90,8 +99,10 @@ def test_snakemake_smoke_writes_every_artifact(snakemake_run, repo_root):
     assert set(seqs.column("split").to_pylist()) == {"train", "val", "test"}
     assert max(seqs.column("n_tokens").to_pylist()) == params["corpus"]["seq_len"]
 
-    dims = {"minilm": 384, "cassette": 128}
+    dims = {"minilm": 384, "cassette": 128, "zoo-tiny": 32}
     for name, dim in dims.items():
+        record = json.loads((work / "results/models" / name / "model.json").read_text())
+        assert record["hidden_size"] == dim and len(record["weights_sha256"]) == 64
         folder = work / "results/embeddings" / name
         manifest = shards.read_manifest(folder)
         for key in ("model", "source", "weights_sha256", "layer", "pooling", "dim", "rows", "tokens", "shards"):
@@ -104,17 +115,30 @@ def test_snakemake_smoke_writes_every_artifact(snakemake_run, repo_root):
 
     pairwise = pl.read_parquet(work / "results/lmd/pairwise.parquet")
     loo = pl.read_parquet(work / "results/lmd/loo.parquet")
-    assert pairwise.columns == ["basis", "target", "split", "r2", "alpha"]
-    assert loo.columns == ["target", "split", "r2", "alpha"]
-    assert pairwise.height == 2 * 1 * 3 and loo.height == 2 * 3
-    assert (pairwise["alpha"] == params["lmd"]["alpha"]).all()
+    assert pairwise.columns == ["basis", "target", "split", "r2", "alpha", "r2_lo", "r2_hi"]
+    assert loo.columns == ["target", "split", "r2", "alpha", "r2_lo", "r2_hi"]
+    assert pairwise.height == 3 * 2 * 3 and loo.height == 3 * 3
+    assert set(pairwise["alpha"]) <= set(params["lmd"]["alpha"])  # chosen on val from the grid
+    assert (loo["r2_lo"] < loo["r2_hi"]).all()
+    selection = pl.read_parquet(work / "results/lmd/selection.parquet")
+    assert selection.height == 3 * 2 and set(selection["k"]) == {1, 2}
+    similarity = pl.read_parquet(work / "results/lmd/similarity.parquet")
+    assert similarity.height == 3 and ((similarity["cka"] > 0) & (similarity["cka"] <= 1)).all()
+
+    zoo = json.loads((work / "results/models/zoo-tiny/model.json").read_text())
+    assert zoo["pretrain"]["val_loss"] < zoo["pretrain"]["initial_val_loss"]
+    ladder = pl.read_parquet(work / "results/mpo/cassette/ladder.parquet")
+    assert (ladder["rel_error"] <= ladder["budget"] + 1e-9).all()  # never over budget
+    assert ladder.filter(pl.col("budget") == 0)["rel_error"].max() < 1e-6
+    loss = pl.read_parquet(work / "results/mpo/cassette/loss.parquet")
+    assert loss.filter(pl.col("budget") == 0)["params"][0] == loss["dense_params"][0]
     train = loo.filter(pl.col("split") == "train")["r2"]
     assert ((train > 0) & (train < 1)).all()
     metrics = json.loads((work / "results/lmd/metrics.json").read_text())
     test_r2 = dict(loo.filter(pl.col("split") == "test").select("target", "r2").iter_rows())
     assert metrics["loo_test_r2"] == pytest.approx(test_r2)
     assert metrics["loo_test_r2_mean"] == pytest.approx(np.mean(list(test_r2.values())))
-    for png in ("lmd_pairwise.png", "lmd_loo.png"):
+    for png in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "mpo_tradeoff.png"):
         assert (work / "results/figures" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
