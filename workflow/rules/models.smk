@@ -5,9 +5,10 @@ rule model:
         directory("results/models/{model}"),
     params:
         model=lambda wc: model_spec(config, wc.model),
+        zoo=config["zoo"],
     wildcard_constraints:
         model="|".join(MODELS),
-    threads: max(1, config["embed"].get("threads", 1))
+    threads: lambda wc: config["zoo"]["threads"] if "pretrain" in model_spec(config, wc.model) else 1
     log:
         "results/logs/model/{model}.log",
     shell:

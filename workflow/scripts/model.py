@@ -2,6 +2,8 @@
 
 import argparse
 
+import torch
+
 from lmdecomp import corpus, models
 from lmdecomp.params import load_params, model_spec
 
@@ -12,8 +14,10 @@ parser.add_argument("--sequences", required=True, help="sequences.parquet (pretr
 parser.add_argument("--out", required=True, help="output folder results/models/{model}")
 args = parser.parse_args()
 
-spec = model_spec(load_params(args.params), args.model)
+params = load_params(args.params)
+spec = model_spec(params, args.model)
 train_texts = val_texts = None
 if "pretrain" in spec:
+    torch.set_num_threads(params["zoo"]["threads"])
     train_texts, val_texts = corpus.split_texts(args.sequences, ("train", "val"))
 models.prepare_model(spec, args.out, train_texts, val_texts)
