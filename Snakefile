@@ -8,6 +8,9 @@ min_version("9.0")
 configfile: "params.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 validate(config, "workflow/schemas/params.schema.yaml")
 
 

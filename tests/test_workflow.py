@@ -167,3 +167,12 @@ def test_broken_params_stop_snakemake_before_any_job(repo_root, tmp_path):
     assert proc.returncode != 0
     assert "pooling" in proc.stdout + proc.stderr and "median" in proc.stdout + proc.stderr
     assert not (work / "results").exists() or not any((work / "results").rglob("*.parquet"))
+
+
+def test_report_collects_every_figure(snakemake_run):
+    run(["snakemake", "--configfile", "config/smoke.yaml", "--report", "results/report.html"], snakemake_run)
+    html = (snakemake_run / "results/report.html").read_text(errors="replace")
+    for name in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "mpo_tradeoff.png",
+                 "pairwise.parquet", "loo.parquet", "metrics.json"):
+        assert name in html, name
+    assert "asymmetric" in html  # a caption made it in

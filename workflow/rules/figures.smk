@@ -5,10 +5,10 @@ rule lmd_figures:
         selection="results/lmd/selection.parquet",
         similarity="results/lmd/similarity.parquet",
     output:
-        "results/figures/lmd_pairwise.png",
-        "results/figures/lmd_loo.png",
-        "results/figures/lmd_selection.png",
-        "results/figures/lmd_vs_cka.png",
+        report("results/figures/lmd_pairwise.png", caption="../report/lmd_pairwise.rst", category="LMD"),
+        report("results/figures/lmd_loo.png", caption="../report/lmd_loo.rst", category="LMD"),
+        report("results/figures/lmd_selection.png", caption="../report/lmd_selection.rst", category="LMD"),
+        report("results/figures/lmd_vs_cka.png", caption="../report/lmd_vs_cka.rst", category="Baselines"),
     log:
         "results/logs/lmd_figures.log",
     shell:

@@ -21,10 +21,10 @@ rule lmd_fit:
         moments="results/lmd/moments.safetensors",
         blocks="results/lmd/block_moments.safetensors",
     output:
-        pairwise="results/lmd/pairwise.parquet",
-        loo="results/lmd/loo.parquet",
-        selection="results/lmd/selection.parquet",
-        metrics="results/lmd/metrics.json",
+        pairwise=report("results/lmd/pairwise.parquet", caption="../report/tables.rst", category="Tables"),
+        loo=report("results/lmd/loo.parquet", caption="../report/tables.rst", category="Tables"),
+        selection=report("results/lmd/selection.parquet", caption="../report/tables.rst", category="Tables"),
+        metrics=report("results/lmd/metrics.json", caption="../report/tables.rst", category="Tables"),
     params:
         lmd=config["lmd"],
     threads: config["lmd"]["threads"]

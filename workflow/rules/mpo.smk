@@ -20,7 +20,7 @@ rule mpo_figure:
     input:
         expand("results/mpo/{model}", model=config["mpo"]["models"]),
     output:
-        "results/figures/mpo_tradeoff.png",
+        report("results/figures/mpo_tradeoff.png", caption="../report/mpo_tradeoff.rst", category="MPO"),
     log:
         "results/logs/mpo_figure.log",
     shell:
