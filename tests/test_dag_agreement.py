@@ -1,0 +1,60 @@
+"""Snakemake's DAG and dvc.yaml describe the same jobs: equal commands, equal outputs, and the
+same data inputs (DVC may name a folder where Snakemake names the files inside it)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmdecomp.params import load_params
+from test_workflow import copy_repo, run
+
+pytestmark = pytest.mark.integration
+
+
+def snakemake_jobs(work: Path) -> dict[str, tuple[set[str], set[str]]]:
+    """{command: (inputs, outputs)} from a forced dry run; the log redirection is Snakemake's own."""
+    text = run(["snakemake", "-n", "-p", "--forceall", "--cores", "1"], work).stdout
+    jobs = {}
+    for block in text.split("\nrule ")[1:]:
+        fields = dict(re.findall(r"^    (input|output): (.*)$", block, flags=re.M))
+        command = re.search(r"^Shell command: (.*)$", block, flags=re.M)
+        if command is None or command.group(1) == "None":  # rule all
+            continue
+        cmd = " ".join(re.sub(r" 2> \S+$", "", command.group(1)).split())
+        split = lambda key: {p.strip() for p in fields.get(key, "").split(",") if p.strip()}  # noqa: E731
+        jobs[cmd] = (split("input"), split("output"))
+    return jobs
+
+
+def dvc_stages(work: Path) -> dict[str, tuple[set[str], set[str]]]:
+    from dvc.repo import Repo
+
+    stages = {}
+    with Repo(str(work)) as repo:
+        for stage in repo.index.stages:
+            deps = {d.def_path for d in stage.deps if d.def_path.startswith("results/")}
+            stages[" ".join(stage.cmd.split())] = (deps, {o.def_path for o in stage.outs})
+    return stages
+
+
+def covered(path: str, by: set[str]) -> bool:
+    return any(path == other or path.startswith(other.rstrip("/") + "/") for other in by)
+
+
+@pytest.mark.parametrize("overlay", [None, "config/smoke.yaml"])
+def test_snakemake_and_dvc_run_the_same_jobs(repo_root, tmp_path, overlay):
+    work = copy_repo(repo_root, tmp_path)
+    if overlay:  # DVC reads params.yaml only, so the overlay is merged into it for both engines
+        merged = load_params([repo_root / "params.yaml", repo_root / overlay])
+        (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
+    snake, dvc = snakemake_jobs(work), dvc_stages(work)
+    assert set(snake) == set(dvc)
+    for cmd, (snake_in, snake_out) in snake.items():
+        dvc_in, dvc_out = dvc[cmd]
+        assert snake_out == dvc_out, cmd
+        assert all(covered(p, dvc_in) for p in snake_in), cmd
+        assert all(any(covered(p, {d}) for p in snake_in) for d in dvc_in), cmd
