@@ -34,6 +34,17 @@ run: install
 test: install
 	$(BIN)/python -m pytest -q
 
+# Benchmarks: ratios measured side by side in one run (see docs/performance.md); exits
+# non-zero when a target is missed. BENCH_ARGS=--quick for a fast, smaller run.
+BENCH_ARGS ?=
+bench: install
+	$(BIN)/pip install --quiet $(TORCH) -e '.[bench]'
+	status=0; \
+	$(BIN)/python benchmarks/bench_mpo.py $(BENCH_ARGS) || status=1; \
+	$(BIN)/python benchmarks/bench_embed.py $(BENCH_ARGS) || status=1; \
+	$(BIN)/python benchmarks/bench_lmd.py $(BENCH_ARGS) || status=1; \
+	exit $$status
+
 lint: install
 	$(BIN)/snakemake --lint
 

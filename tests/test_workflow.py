@@ -176,3 +176,49 @@ def test_report_collects_every_figure(snakemake_run):
                  "pairwise.parquet", "loo.parquet", "metrics.json"):
         assert name in html, name
     assert "asymmetric" in html  # a caption made it in
+
+
+def test_sigkill_during_embedding_then_rerun_gives_the_same_artifacts(snakemake_run, repo_root, tmp_path):
+    import signal
+    import time
+
+    work = copy_repo(repo_root, tmp_path)
+    cmd = ["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml"]
+    proc = subprocess.Popen(cmd, cwd=work, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 600
+    embeddings = work / "results/embeddings"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if embeddings.is_dir() and any(embeddings.rglob("part-*.parquet")):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "snakemake finished before embedding started; nothing was interrupted"
+    os.killpg(proc.pid, signal.SIGKILL)  # snakemake and every job it started
+    proc.wait()
+    assert not (work / "results/lmd/metrics.json").exists()
+
+    run(["snakemake", "--unlock", *cmd[1:]], work)
+    run([*cmd, "--rerun-incomplete"], work)
+    killed, clean = all_result_files(work), all_result_files(snakemake_run)
+    clean.pop("results/report.html", None)
+    assert sorted(killed) == sorted(clean)
+    assert [rel for rel in clean if clean[rel] != killed[rel]] == []
+
+
+def test_a_bad_model_leaves_nothing_half_written_and_keep_going_finishes_the_rest(repo_root, tmp_path):
+    work = copy_repo(repo_root, tmp_path)
+    broken = work / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    (broken / "vocab.txt").write_text("[PAD]\n")  # a tokenizer file, but no weights
+    smoke = yaml.safe_load((work / "config/smoke.yaml").read_text())
+    smoke["models"].append({"name": "broken", "path": str(broken)})
+    (work / "bad.yaml").write_text(yaml.safe_dump(smoke))
+    proc = run(["snakemake", "--cores", "2", "--configfile", "bad.yaml", "--keep-going"], work, check=False)
+    assert proc.returncode != 0
+    assert "model 'broken'" in (work / "results/logs/model/broken.log").read_text()
+    assert not (work / "results/models/broken").exists()
+    assert not (work / "results/embeddings/broken").exists()
+    for name in ("minilm", "cassette", "zoo-tiny"):  # the independent jobs still finished
+        assert (work / "results/embeddings" / name / "manifest.json").is_file(), name
+    assert not (work / "results/lmd/moments.safetensors").exists()

@@ -75,6 +75,7 @@ class Moments:
     n: dict[str, int] = field(default_factory=dict)
     sums: dict[str, np.ndarray] = field(default_factory=dict)
     cross: dict[str, np.ndarray] = field(default_factory=dict)
+    _centred: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         width = sum(self.dims)
@@ -93,6 +94,7 @@ class Moments:
 
     def update(self, split: str, x: np.ndarray) -> None:
         """Add rows ``x`` (rows × width) of one split."""
+        self._centred.pop(split, None)
         x = np.asarray(x, dtype=np.float64)
         self.n[split] += x.shape[0]
         self.sums[split] += x.sum(axis=0)
@@ -101,6 +103,7 @@ class Moments:
     def merge(self, other: "Moments") -> "Moments":
         if other.names != self.names or other.dims != self.dims:
             raise LMDError("cannot merge moments of different model sets")
+        self._centred.clear()
         for split in SPLITS:
             self.n[split] += other.n[split]
             self.sums[split] += other.sums[split]
@@ -108,12 +111,19 @@ class Moments:
         return self
 
     def centred(self, split: str) -> tuple[int, np.ndarray, np.ndarray]:
-        """(n, mean μ, scatter S = C − n μμᵀ) of one split."""
+        """(n, mean μ, scatter S = C − n μμᵀ) of one split.
+
+        Cached per split (every fit needs it, and it costs a full width² pass); the cache is
+        keyed on the count so that moments filled in place after a call are recomputed."""
         n = self.n[split]
         if n == 0:
             raise LMDError(f"the {split} split is empty: no rows to fit or score")
-        mean = self.sums[split] / n
-        return n, mean, self.cross[split] - n * np.outer(mean, mean)
+        cached = self._centred.get(split)
+        if cached is None or cached[0] != n:
+            mean = self.sums[split] / n
+            cached = (n, mean, self.cross[split] - n * np.outer(mean, mean))
+            self._centred[split] = cached
+        return cached
 
     def save(self, path: str | Path) -> None:
         from safetensors.numpy import save_file

