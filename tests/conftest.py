@@ -60,3 +60,16 @@ def write_embeddings(folder: Path, name: str, ids, splits, emb, rows_per_shard: 
         entries.append(shards.shard_entry(folder, file, len(ids[sl])))
     shards.write_manifest(folder, {"schema_version": shards.SCHEMA_VERSION, "model": name,
                                    "dim": emb.shape[1], "rows": len(ids), "shards": entries})
+
+
+def moments_of(blocks, names, split_of_row):
+    """Moments of in-memory blocks (one per model), one update per split."""
+    import numpy as np
+
+    from lmdecomp import lmd
+
+    m = lmd.Moments(names, [b.shape[1] for b in blocks])
+    x = np.concatenate(blocks, axis=1)
+    for s in lmd.SPLITS:
+        m.update(s, x[split_of_row == s])
+    return m

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import write_embeddings
+from conftest import moments_of, write_embeddings
 from lmdecomp import lmd
 
 
@@ -13,14 +13,6 @@ def planted(rng, n, widths, noise=0.3):
     """Models sharing a latent factor: x_m = latent @ A_m + offset_m + noise."""
     latent = rng.normal(size=(n, 6))
     return [latent @ rng.normal(size=(6, w)) + rng.normal(size=w) * 3 + noise * rng.normal(size=(n, w)) for w in widths]
-
-
-def moments_of(blocks, names, split_of_row):
-    m = lmd.Moments(names, [b.shape[1] for b in blocks])
-    x = np.concatenate(blocks, axis=1)
-    for s in lmd.SPLITS:
-        m.update(s, x[split_of_row == s])
-    return m
 
 
 def lstsq_fit(z, u):

@@ -6,18 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmdecomp import lmd, shards
+from conftest import moments_of, write_embeddings
+from lmdecomp import lmd
 
 SPLIT_NAMES = np.array(lmd.SPLITS, dtype=object)
 GRID = [0.0, 1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 3.0]
-
-
-def moments_of(blocks, names, split_of_row):
-    m = lmd.Moments(names, [b.shape[1] for b in blocks])
-    x = np.concatenate(blocks, axis=1)
-    for s in lmd.SPLITS:
-        m.update(s, x[split_of_row == s])
-    return m
 
 
 def ridge_direct(z, u, alpha):
@@ -119,18 +112,6 @@ def test_least_squares_in_a_grid_is_skipped_when_the_basis_is_too_wide():
 # ------------------------------------------------------------------- block moments
 
 
-def _write_model(folder, name, ids, splits, emb, rows_per_shard):
-    folder.mkdir(parents=True)
-    entries = []
-    for i, start in enumerate(range(0, len(ids), rows_per_shard)):
-        sl = slice(start, start + rows_per_shard)
-        file = shards.shard_name(i)
-        shards.write_shard(folder / file, ids[sl], list(splits[sl]), emb[sl], 16)
-        entries.append(shards.shard_entry(folder, file, len(ids[sl])))
-    shards.write_manifest(folder, {"schema_version": shards.SCHEMA_VERSION, "model": name,
-                                   "dim": emb.shape[1], "rows": len(ids), "shards": entries})
-
-
 def test_block_moments_stream_per_shard_and_per_fixed_block(tmp_path):
     rng = np.random.default_rng(12)
     n = 230
@@ -138,7 +119,7 @@ def test_block_moments_stream_per_shard_and_per_fixed_block(tmp_path):
     split = rng.choice(SPLIT_NAMES, size=n)
     names = ["m0", "m1"]
     for name, block in zip(names, blocks):
-        _write_model(tmp_path / name, name, np.arange(n), split, block, rows_per_shard=64)
+        write_embeddings(tmp_path / name, name, np.arange(n), split, block, rows_per_shard=64)
     folders = {name: tmp_path / name for name in names}
     x = np.concatenate(blocks, axis=1).astype(np.float64)
     for rows_per_block, edges in ((None, range(0, n, 64)), (50, range(0, n, 50))):

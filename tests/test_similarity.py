@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from conftest import moments_of
 from lmdecomp import lmd, similarity
 
 SPLIT_NAMES = np.array(lmd.SPLITS, dtype=object)
@@ -16,14 +17,6 @@ def related(rng, n, d=5, e=4, noise=0.7):
     x = rng.normal(size=(n, d)) * rng.uniform(0.5, 2, size=d) + rng.normal(size=d) * 3
     y = np.tanh(x @ rng.normal(size=(d, e))) + noise * rng.normal(size=(n, e)) - 1.5
     return x, y
-
-
-def moments_of(blocks, names, split_of_row):
-    m = lmd.Moments(names, [b.shape[1] for b in blocks])
-    x = np.concatenate(blocks, axis=1)
-    for s in lmd.SPLITS:
-        m.update(s, x[split_of_row == s])
-    return m
 
 
 def cka_gram(x, y):
