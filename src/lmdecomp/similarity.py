@@ -70,16 +70,21 @@ def _hsic_unbiased_terms(x: np.ndarray, y: np.ndarray, xty: np.ndarray, kx: np.n
     return float((trace + sum_k * sum_l / ((n - 1) * (n - 2)) - 2.0 / (n - 2) * cross) / (n * (n - 3)))
 
 
-def hsic_unbiased(x: np.ndarray, y: np.ndarray) -> float:
-    """Unbiased HSIC (Song et al. 2012) of linear kernels on rows of ``x`` and ``y``, in O(n·(d+e))
-    memory plus the d×e matrix XᵀY. It is invariant to shifting either representation (the
-    U-statistic estimates ‖Cov(x, y)‖_F²); rows are centred first only for rounding."""
+def _centred_pair(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Paired rows, checked for the unbiased estimator, each centred (only for rounding)."""
     x, y = _as_rows(x), _as_rows(y)
     if x.shape[0] != y.shape[0]:
         raise LMDError(f"x has {x.shape[0]} rows, y has {y.shape[0]}")
     if x.shape[0] < 4:
         raise LMDError("the unbiased HSIC estimator needs at least 4 samples")
-    x, y = x - x.mean(axis=0), y - y.mean(axis=0)
+    return x - x.mean(axis=0), y - y.mean(axis=0)
+
+
+def hsic_unbiased(x: np.ndarray, y: np.ndarray) -> float:
+    """Unbiased HSIC (Song et al. 2012) of linear kernels on rows of ``x`` and ``y``, in O(n·(d+e))
+    memory plus the d×e matrix XᵀY. It is invariant to shifting either representation (the
+    U-statistic estimates ‖Cov(x, y)‖_F²); rows are centred first only for rounding."""
+    x, y = _centred_pair(x, y)
     return _hsic_unbiased_terms(x, y, x.T @ y, np.einsum("ij,ij->i", x, x), np.einsum("ij,ij->i", y, y))
 
 
@@ -89,12 +94,7 @@ def cka_unbiased(x: np.ndarray, y: np.ndarray) -> float:
     Memory O(n·(d+e) + (d+e)²): XᵀX, YᵀY, XᵀY, row norms and column sums replace the n×n
     Gram matrices (time O(n·(d+e)²)). Unlike biased CKA it can be slightly negative for
     unrelated representations, and is undefined (error) if a self-HSIC_u is not positive."""
-    x, y = _as_rows(x), _as_rows(y)
-    if x.shape[0] != y.shape[0]:
-        raise LMDError(f"x has {x.shape[0]} rows, y has {y.shape[0]}")
-    if x.shape[0] < 4:
-        raise LMDError("the unbiased HSIC estimator needs at least 4 samples")
-    x, y = x - x.mean(axis=0), y - y.mean(axis=0)
+    x, y = _centred_pair(x, y)
     kx, ky = np.einsum("ij,ij->i", x, x), np.einsum("ij,ij->i", y, y)
     hxy = _hsic_unbiased_terms(x, y, x.T @ y, kx, ky)
     hxx = _hsic_unbiased_terms(x, x, x.T @ x, kx, kx)

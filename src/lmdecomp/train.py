@@ -65,6 +65,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
+from .atomic import atomic_path
+
 __all__ = [
     "TrainConfig",
     "TrainResult",
@@ -387,17 +389,11 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _blocks_digest(ids: torch.Tensor) -> str:

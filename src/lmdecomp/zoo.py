@@ -21,7 +21,6 @@ loss:float64, lr:float64), ``manifest.json``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -33,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
+from .atomic import atomic_dir, sha256_file
 from .train import (
     CheckpointMismatch,
     TrainConfig,
@@ -512,14 +512,6 @@ def unigram_perplexity(
 # --------------------------------------------------------------------------- #
 # pretrain
 # --------------------------------------------------------------------------- #
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_log_parquet(log: list[dict[str, float]], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -590,11 +582,7 @@ def pretrain(
         tok, train_texts, val_texts, max_length=recipe.max_length, mask_prob=recipe.mask_prob, mask_seed=cfg.val_seed,
     )
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    for stale in list(out_dir.parent.glob(f".{out_dir.name}.tmp-*")) + list(out_dir.parent.glob(f".{out_dir.name}.old-*")):
-        shutil.rmtree(stale, ignore_errors=True)  # left behind by a killed run
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_dir(out_dir) as tmp:
         model.to("cpu")
         model.eval()
         from transformers.utils import logging as hf_logging
@@ -636,7 +624,7 @@ def pretrain(
                 "same positions: the fixed validation mask (mask_prob, val_seed) of the val blocks"
             ),
             "val_seed": cfg.val_seed,
-            "model_sha256": _sha256_file(weights),
+            "model_sha256": sha256_file(weights),
             "versions": {
                 "torch": torch.__version__,
                 "transformers": transformers.__version__,
@@ -646,16 +634,6 @@ def pretrain(
         with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, sort_keys=True, ensure_ascii=False)
             f.write("\n")
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     try:
         work.rmdir()  # only if empty (the caller may keep other files there)
