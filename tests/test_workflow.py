@@ -6,6 +6,8 @@ about two minutes on two cores.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
@@ -42,6 +44,17 @@ ARTIFACTS = [
     "results/mpo/cassette/ladder.parquet",
     "results/mpo/cassette/loss.parquet",
     "results/figures/mpo_tradeoff.png",
+    "results/variants/dense/model/config.json",
+    "results/variants/mpobert/model/mpobert.json",
+    "results/variants/mpobert/model/model.safetensors",
+    "results/variants/mpobert/metrics.json",
+    "results/tasks/bbc.parquet",
+    "results/tasks/tweets.json",
+    "results/finetune/bbc/mpobert-aux/metrics.json",
+    "results/finetune/tweets/dense/metrics.json",
+    "results/tables/finetune.csv",
+    "results/tables/lmd_loo.csv",
+    "results/figures/finetune_tradeoff.png",
 ]
 
 
@@ -76,6 +89,11 @@ def all_result_files(root: Path) -> dict[str, bytes]:
         rel = path.relative_to(root).as_posix()
         if path.is_file() and "/logs/" not in rel and path.name not in (".gitignore", ".snakemake_timestamp"):
             files[rel] = path.read_bytes()
+            if rel.startswith("results/finetune/") and path.name == "metrics.json":
+                # wall-clock training time is the one number that is not reproducible by design
+                record = json.loads(files[rel])
+                assert record.pop("train_seconds") > 0
+                files[rel] = json.dumps(record, sort_keys=True).encode()
     return files
 
 
@@ -138,8 +156,21 @@ def test_snakemake_smoke_writes_every_artifact(snakemake_run, repo_root):
     test_r2 = dict(loo.filter(pl.col("split") == "test").select("target", "r2").iter_rows())
     assert metrics["loo_test_r2"] == pytest.approx(test_r2)
     assert metrics["loo_test_r2_mean"] == pytest.approx(np.mean(list(test_r2.values())))
-    for png in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "mpo_tradeoff.png"):
+    for png in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "mpo_tradeoff.png",
+                "finetune_tradeoff.png"):
         assert (work / "results/figures" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    finetuned = pl.read_csv(work / "results/tables/finetune.csv")
+    assert sorted(zip(finetuned["task"], finetuned["variant"])) == sorted(
+        (t["name"], v["name"]) for t in params["finetune"]["tasks"] for v in params["finetune"]["variants"])
+    variant = json.loads((work / "results/variants/mpobert/metrics.json").read_text())
+    assert variant["layers"] == params["mpobert"]["layers"]
+    assert variant["val_loss"]["grown"] == pytest.approx(variant["val_loss"]["healed"], rel=1e-5)
+    run_metrics = json.loads((work / "results/finetune/bbc/mpobert-aux/metrics.json").read_text())
+    assert run_metrics["trainable_parameters"] < run_metrics["parameters"]
+    assert run_metrics["parameters_by_role"]["shared_central"] > 0
+    tweets = json.loads((work / "results/tasks/tweets.json").read_text())
+    assert tweets["garbled_rows_skipped"] > 0 and tweets["examples"] == 300
 
 
 def test_dvc_agrees_with_snakemake_byte_for_byte(snakemake_run, repo_root, tmp_path):
@@ -164,6 +195,25 @@ def test_dvc_agrees_with_snakemake_byte_for_byte(snakemake_run, repo_root, tmp_p
     again = run(["dvc", "repro"], work)
     assert "Running stage" not in again.stdout
     assert "up to date" in again.stdout
+
+    metrics = json.loads(run(["dvc", "metrics", "show", "--json"], work).stdout)
+    shown = json.dumps(metrics)
+    assert "loo_test_r2_mean" in shown and "results/finetune/bbc/mpobert/metrics.json" in shown
+    plots = json.loads(run(["dvc", "plots", "show", "--json", "--split"], work).stdout)
+    loo_rows = list(csv.DictReader(io.StringIO((work / "results/tables/lmd_loo.csv").read_text())))
+    for title in ("Leave-one-out LMD, test R² per target", "Fine-tuning, test accuracy against parameters"):
+        assert title in plots, sorted(plots)
+    loo_data = json.dumps(plots["Leave-one-out LMD, test R² per target"])
+    assert all(row["target"] in loo_data for row in loo_rows)
+
+    # an experiment with one parameter changed runs the DAG again with it
+    run(["git", "add", "-A"], work)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "smoke"], work)
+    run(["dvc", "exp", "run", "-S", "corpus.seq_len=64"], work, timeout=900)
+    seqs = pq.read_table(work / "results/corpus/sequences.parquet")
+    assert max(seqs.column("n_tokens").to_pylist()) == 64
+    assert yaml.safe_load((work / "params.yaml").read_text())["corpus"]["seq_len"] == 64
+    assert run(["dvc", "exp", "list", "--name-only"], work).stdout.split()  # the experiment is recorded
     shown = run(["dvc", "metrics", "show", "--json"], work)
     assert "loo_test_r2_mean" in shown.stdout
 
@@ -181,7 +231,7 @@ def test_report_collects_every_figure(snakemake_run):
     run(["snakemake", "--configfile", "config/smoke.yaml", "--report", "results/report.html"], snakemake_run)
     html = (snakemake_run / "results/report.html").read_text(errors="replace")
     for name in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "mpo_tradeoff.png",
-                 "pairwise.parquet", "loo.parquet", "metrics.json"):
+                 "finetune_tradeoff.png", "finetune.csv", "pairwise.parquet", "loo.parquet", "metrics.json"):
         assert name in html, name
     assert "asymmetric" in html  # a caption made it in
 

@@ -151,3 +151,35 @@ def mpo_tradeoff(tables: dict[str, dict[str, pl.DataFrame]], path: str | Path) -
     for ax in (left, right):
         ax.legend(fontsize=8)
     _save(fig, path)
+
+
+def finetune_tradeoff(table: pl.DataFrame, path: str | Path, claims: pl.DataFrame | None = None) -> None:
+    """Test accuracy against parameter count, one panel per task, one marker per variant;
+    the dotted line is the dense base's accuracy, the grey band 1 point below it. Each panel's
+    title says, with the numbers, whether the deep variants hold the MPOBERT claim."""
+    tasks = sorted(table["task"].unique().to_list())
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), layout="constrained", squeeze=False)
+    variants = sorted(table["variant"].unique().to_list())
+    for ax, task in zip(axes[0], tasks):
+        rows = table.filter(pl.col("task") == task)
+        dense = rows.filter(pl.col("variant") == "dense")
+        if dense.height:
+            acc = float(dense["test_accuracy"][0]) * 100
+            ax.axhline(acc, color="grey", linestyle=":", linewidth=1)
+            ax.axhspan(acc - 1, acc, color="grey", alpha=0.15, linewidth=0)
+        for i, variant in enumerate(variants):
+            r = rows.filter(pl.col("variant") == variant)
+            if not r.height:
+                continue
+            ax.scatter(r["parameters"], r["test_accuracy"] * 100, color=f"C{i % 10}", s=40, label=f"{variant} ({r['layers'][0]} layers)")
+        ax.set_xlabel("parameters (encoder + classifier)")
+        ax.set_ylabel("test accuracy (%)")
+        title = task
+        if claims is not None and claims.height:
+            for c in claims.filter(pl.col("task") == task).iter_rows(named=True):
+                verdict = "holds" if c["claim_holds"] else "does NOT hold"
+                title += (f"\n{c['variant']}: {c['accuracy_points_vs_reference']:+.1f} pts, "
+                          f"{c['parameters'] / c['reference_parameters']:.0%} of dense's parameters: claim {verdict}")
+        ax.set_title(title, fontsize=8)
+        ax.legend(fontsize=8)
+    _save(fig, path)

@@ -17,6 +17,11 @@ if load_params(config_files()) != config:
 
 PARAMS = " ".join(config_files())
 MODELS = [m["name"] for m in config["models"]]
+TASKS = [t["name"] for t in config["finetune"]["tasks"]]
+FINETUNE = {v["name"]: v for v in config["finetune"]["variants"]}
+_unbuilt = sorted({v["model"] for v in FINETUNE.values()} - set(config["mpobert"]["variants"]))
+if _unbuilt:
+    raise WorkflowError(f"finetune.variants fine-tune models {_unbuilt} that mpobert.variants does not build; add them there")
 
 
 def embedding_dirs(wildcards=None):

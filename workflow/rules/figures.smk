@@ -9,8 +9,10 @@ rule lmd_figures:
         report("results/figures/lmd_loo.png", caption="../report/lmd_loo.rst", category="LMD"),
         report("results/figures/lmd_selection.png", caption="../report/lmd_selection.rst", category="LMD"),
         report("results/figures/lmd_vs_cka.png", caption="../report/lmd_vs_cka.rst", category="Baselines"),
+        "results/tables/lmd_loo.csv",
     log:
         "results/logs/lmd_figures.log",
     shell:
         "python workflow/scripts/figures.py --pairwise {input.pairwise} --loo {input.loo}"
-        " --selection {input.selection} --similarity {input.similarity} --out results/figures 2> {log}"
+        " --selection {input.selection} --similarity {input.similarity} --out results/figures"
+        " --loo-table results/tables/lmd_loo.csv 2> {log}"

@@ -1,0 +1,69 @@
+# MPOBERT and fine-tuning: variants of one base model, fine-tuned on labelled tasks.
+
+
+rule variant:
+    input:
+        sequences="results/corpus/sequences.parquet",
+        base=f"results/models/{config['mpobert']['base']}",
+    output:
+        directory("results/variants/{variant}"),
+    params:
+        mpobert=config["mpobert"],
+    wildcard_constraints:
+        variant="|".join(config["mpobert"]["variants"]),
+    threads: config["mpobert"]["threads"]
+    log:
+        "results/logs/variant/{variant}.log",
+    shell:
+        "python workflow/scripts/variant.py --params {PARAMS} --variant {wildcards.variant}"
+        " --sequences {input.sequences} --out {output} 2> {log}"
+
+
+rule task:
+    output:
+        table="results/tasks/{task}.parquet",
+        record="results/tasks/{task}.json",
+    params:
+        task=lambda wc: next(t for t in config["finetune"]["tasks"] if t["name"] == wc.task),
+    wildcard_constraints:
+        task="|".join(TASKS),
+    log:
+        "results/logs/task/{task}.log",
+    shell:
+        "python workflow/scripts/task.py --params {PARAMS} --task {wildcards.task}"
+        " --out {output.table} --record {output.record} 2> {log}"
+
+
+rule finetune:
+    input:
+        task="results/tasks/{task}.parquet",
+        model=lambda wc: f"results/variants/{FINETUNE[wc.variant]['model']}",
+    output:
+        "results/finetune/{task}/{variant}/metrics.json",
+    params:
+        variant=lambda wc: FINETUNE[wc.variant],
+        finetune={k: v for k, v in config["finetune"].items() if k not in ("tasks", "variants")},
+    wildcard_constraints:
+        task="|".join(TASKS),
+        variant="|".join(FINETUNE),
+    threads: config["finetune"]["threads"]
+    log:
+        "results/logs/finetune/{task}/{variant}.log",
+    shell:
+        "python workflow/scripts/finetune.py --params {PARAMS} --variant {wildcards.variant}"
+        " --task {input.task} --model {input.model} --out {output} 2> {log}"
+
+
+rule finetune_summary:
+    input:
+        expand("results/finetune/{task}/{variant}/metrics.json", task=TASKS, variant=FINETUNE),
+    output:
+        table=report("results/tables/finetune.csv", caption="../report/finetune_table.rst", category="MPOBERT"),
+        headline=report("results/tables/finetune_headline.csv", caption="../report/finetune_headline.rst", category="MPOBERT"),
+        figure=report("results/figures/finetune_tradeoff.png", caption="../report/finetune_tradeoff.rst", category="MPOBERT"),
+    log:
+        "results/logs/finetune_summary.log",
+    shell:
+        "python workflow/scripts/finetune_summary.py --params {PARAMS} --finetune results/finetune --table {output.table}"
+        " --headline {output.headline}"
+        " --figure {output.figure} 2> {log}"
