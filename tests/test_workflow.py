@@ -199,9 +199,10 @@ def test_dvc_agrees_with_snakemake_byte_for_byte(snakemake_run, repo_root, tmp_p
     metrics = json.loads(run(["dvc", "metrics", "show", "--json"], work).stdout)
     shown = json.dumps(metrics)
     assert "loo_test_r2_mean" in shown and "results/finetune/bbc/mpobert/metrics.json" in shown
-    plots = json.loads(run(["dvc", "plots", "show", "--json", "--split"], work).stdout)
+    plots = json.loads(run(["dvc", "plots", "show", "--json", "--split"], work).stdout)["data"]
     loo_rows = list(csv.DictReader(io.StringIO((work / "results/tables/lmd_loo.csv").read_text())))
-    for title in ("Leave-one-out LMD, test R² per target", "Fine-tuning, test accuracy against parameters"):
+    for title in ("Leave-one-out LMD, test R² per target", "Fine-tuning, test accuracy against parameters",
+                  "results/figures/lmd_loo.png", "results/figures/finetune_tradeoff.png"):
         assert title in plots, sorted(plots)
     loo_data = json.dumps(plots["Leave-one-out LMD, test R² per target"])
     assert all(row["target"] in loo_data for row in loo_rows)
@@ -216,6 +217,20 @@ def test_dvc_agrees_with_snakemake_byte_for_byte(snakemake_run, repo_root, tmp_p
     assert run(["dvc", "exp", "list", "--name-only"], work).stdout.split()  # the experiment is recorded
     shown = run(["dvc", "metrics", "show", "--json"], work)
     assert "loo_test_r2_mean" in shown.stdout
+
+
+@pytest.mark.parametrize("overlay", ["config/paper.yaml", "config/full.yaml"])
+def test_other_configs_plan_the_whole_dag_from_a_clean_checkout(repo_root, tmp_path, overlay):
+    """`snakemake -n` plans every stage for every model of the overlay (nothing downloaded)."""
+    work = copy_repo(repo_root, tmp_path)
+    out = run(["snakemake", "-n", "--cores", "1", "--configfile", overlay], work).stdout
+    params = load_params([repo_root / "params.yaml", repo_root / overlay])
+    for model in params["models"]:
+        assert f"results/embeddings/{model['name']}" in out, model["name"]
+    for task in params["finetune"]["tasks"]:
+        for variant in params["finetune"]["variants"]:
+            assert f"results/finetune/{task['name']}/{variant['name']}/metrics.json" in out
+    assert "results/figures/mpo_tradeoff.png" in out
 
 
 def test_broken_params_stop_snakemake_before_any_job(repo_root, tmp_path):

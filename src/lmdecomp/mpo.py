@@ -42,6 +42,8 @@ __all__ = [
     "mpo_decompose",
     "mpo_layout",
     "save_converted",
+    "save_weights",
+    "load_weights",
 ]
 
 # BERT's attention projections, attention output, and the two feed-forward layers.
@@ -564,18 +566,53 @@ def apply_layout(model: nn.Module, layout: Mapping[str, Mapping]) -> None:
         _replace(model, path, layer)
 
 
+ALIASES_KEY = "aliases"
+
+
+def save_weights(model: nn.Module, path: str | Path) -> None:
+    """Save ``model``'s state dict as safetensors, each shared tensor once, byte-reproducibly.
+
+    A tensor reachable under several names (tied embeddings, a central tensor shared by
+    layers) is stored under its first name in ``state_dict()`` order, and the other names
+    are listed in the file's metadata. (safetensors' own ``save_model`` picks the kept name
+    from a set, so the bytes would change with Python's string hash seed.)"""
+    from safetensors.torch import save_file
+
+    kept: dict[tuple, str] = {}
+    tensors: dict[str, Tensor] = {}
+    aliases: dict[str, str] = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+        if tensor.numel() and key in kept:
+            aliases[name] = kept[key]
+            continue
+        kept[key] = name
+        tensors[name] = tensor.detach().contiguous()
+    save_file(tensors, str(path), metadata={ALIASES_KEY: json.dumps(aliases, sort_keys=True)})
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Inverse of :func:`save_weights`: every name of the state dict must be present (strict)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as f:
+        aliases = json.loads((f.metadata() or {}).get(ALIASES_KEY, "{}"))
+    state = load_file(str(path))
+    state.update({alias: state[name] for alias, name in aliases.items()})
+    model.load_state_dict(state, strict=True)
+
+
 def save_converted(model: nn.Module, directory: str | Path) -> Path:
     """Save a converted Hugging Face model as ``config.json`` (its config),
     ``mpo_layout.json`` (architecture class and :func:`mpo_layout`) and
     ``model.safetensors`` (state dict; tied weights are stored once)."""
-    from safetensors.torch import save_model
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(directory)
     layout = {"architecture": type(model).__name__, "layers": mpo_layout(model)}
     (directory / LAYOUT_FILE).write_text(json.dumps(layout, indent=2) + "\n")
-    save_model(model, str(directory / WEIGHTS_FILE))
+    save_weights(model, directory / WEIGHTS_FILE)
     return directory
 
 
@@ -584,12 +621,11 @@ def load_converted(directory: str | Path, model_cls: type | None = None) -> nn.M
     ``transformers`` class) from the saved config, swap in MPOLinear layers per the
     layout, load the weights strictly and return the model in eval mode."""
     import transformers
-    from safetensors.torch import load_model
 
     directory = Path(directory)
     layout = json.loads((directory / LAYOUT_FILE).read_text())
     cls = model_cls or getattr(transformers, layout["architecture"])
     model = cls(transformers.AutoConfig.from_pretrained(directory))
     apply_layout(model, layout["layers"])
-    load_model(model, str(directory / WEIGHTS_FILE), strict=True)
+    load_weights(model, directory / WEIGHTS_FILE)
     return model.eval()

@@ -53,6 +53,8 @@ approximation the shared central tensor forces.
    residual stream passes the extra layers unchanged, so activation norms stay those of
    the base however deep the model is (repeating a post-LN layer ungated would instead
    feed each copy inputs it was never trained on). Training then opens the copies.
+   (In a post-LN family LayerNorm bounds the residual stream whatever the weights, so a
+   naive initialisation is not worse on activation norms; it is on the loss.)
 4. Adapters: up-projection zero, so each adapter starts as the identity.
 
 For ``sharing="layer"`` the shared layer is the element-wise mean of the base layers (the
@@ -81,7 +83,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from .mpo import MPOLinear, factorize
+from .mpo import MPOLinear, factorize, load_weights, save_weights
 
 __all__ = [
     "WEIGHT_TYPES",
@@ -538,29 +540,26 @@ def parameter_report(model: nn.Module) -> dict[str, int]:
 def save(model: nn.Module, directory: str | Path) -> Path:
     """``config.json`` (the family's config, ``L'`` layers), ``mpobert.json`` and
     ``model.safetensors`` (each shared tensor stored once)."""
-    from safetensors.torch import save_model
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(directory)
     record = {"architecture": type(model).__name__, "base_layers": model.mpobert_base_layers,
               "gates": [float(m.gate.detach()) for m in _layers(model)], "config": dataclasses.asdict(model.mpobert_config)}
     (directory / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    save_model(model, str(directory / WEIGHTS_FILE))
+    save_weights(model, directory / WEIGHTS_FILE)
     return directory
 
 
 def load(directory: str | Path) -> nn.Module:
     """Inverse of :func:`save` (strict: every tensor present, nothing extra)."""
     import transformers
-    from safetensors.torch import load_model
 
     directory = Path(directory)
     record = json.loads((directory / CONFIG_FILE).read_text())
     cfg = MPOBertConfig(**record["config"])
     model = getattr(transformers, record["architecture"])(transformers.AutoConfig.from_pretrained(directory))
     _install(model, cfg, record["gates"])
-    load_model(model, str(directory / WEIGHTS_FILE), strict=True)
+    load_weights(model, directory / WEIGHTS_FILE)
     model.mpobert_config = cfg
     model.mpobert_base_layers = record["base_layers"]
     return model.eval()

@@ -55,7 +55,7 @@ __all__ = [
     "pretrain",
 ]
 
-ARCHITECTURES = ("bert", "roberta", "albert", "deberta-v2", "electra")
+ARCHITECTURES = ("bert", "roberta", "albert", "deberta-v2", "electra", "modernbert", "roformer")
 TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
 OBJECTIVES = ("mlm",)
 
@@ -446,6 +446,25 @@ def build_model(recipe: Recipe, tokenizer):
             embedding_size=recipe.hidden_size, max_position_embeddings=recipe.max_length, type_vocab_size=2, **common,
         )
         cls = tf.ElectraForMaskedLM
+    elif arch == "modernbert":
+        # Rotary positions, pre-LayerNorm, GeGLU; global attention in every layer at these lengths.
+        config = tf.ModernBertConfig(
+            vocab_size=vocab, hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_layers,
+            num_attention_heads=recipe.num_heads, intermediate_size=recipe.intermediate_size,
+            max_position_embeddings=recipe.max_length, attention_dropout=float(recipe.dropout),
+            mlp_dropout=float(recipe.dropout), embedding_dropout=float(recipe.dropout),
+            pad_token_id=pad, bos_token_id=bos, eos_token_id=eos,
+            cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
+            global_attn_every_n_layers=1, local_attention=recipe.max_length,
+            **({"initializer_range": float(recipe.init_std)} if recipe.init_std is not None else {}),
+        )
+        cls = tf.ModernBertForMaskedLM
+    elif arch == "roformer":
+        # BERT with rotary position embeddings instead of learned absolute ones.
+        config = tf.RoFormerConfig(
+            embedding_size=recipe.hidden_size, max_position_embeddings=recipe.max_length, type_vocab_size=2, **common,
+        )
+        cls = tf.RoFormerForMaskedLM
     else:  # pragma: no cover - Recipe validates
         raise ValueError(f"Recipe.architecture={arch!r}: unsupported")
     for name in ("cls_token_id", "sep_token_id", "mask_token_id", "unk_token_id"):

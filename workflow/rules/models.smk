@@ -2,7 +2,8 @@ rule model:
     input:
         "results/corpus/sequences.parquet",
     output:
-        directory("results/models/{model}"),
+        model=directory("results/models/{model}"),
+        metrics="results/metrics/models/{model}.json",
     params:
         model=lambda wc: model_spec(config, wc.model),
         zoo=config["zoo"],
@@ -13,4 +14,4 @@ rule model:
         "results/logs/model/{model}.log",
     shell:
         "python workflow/scripts/model.py --params {PARAMS} --model {wildcards.model}"
-        " --sequences {input} --out {output} 2> {log}"
+        " --sequences {input} --out {output.model} --metrics {output.metrics} 2> {log}"

@@ -1,10 +1,12 @@
 """Prepare one model: pretrain or reassemble it if needed, and record it (see lmdecomp.models)."""
 
 import argparse
+import json
 
 import torch
 
 from lmdecomp import corpus, models
+from lmdecomp.atomic import write_text
 from lmdecomp.params import load_params, model_spec
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -12,6 +14,7 @@ parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config
 parser.add_argument("--model", required=True, help="a name under models: in the config")
 parser.add_argument("--sequences", required=True, help="sequences.parquet (pretraining reads its train/val text)")
 parser.add_argument("--out", required=True, help="output folder results/models/{model}")
+parser.add_argument("--metrics", required=True, help="output JSON results/metrics/models/{model}.json (a DVC metric)")
 args = parser.parse_args()
 
 params = load_params(args.params)
@@ -20,4 +23,9 @@ train_texts = val_texts = None
 if "pretrain" in spec:
     torch.set_num_threads(params["zoo"]["threads"])
     train_texts, val_texts = corpus.split_texts(args.sequences, ("train", "val"))
-models.prepare_model(spec, args.out, train_texts, val_texts)
+record = models.prepare_model(spec, args.out, train_texts, val_texts)
+# Pretrained zoo models: val masked-LM loss and perplexity beside the unigram baseline of
+# the same tokenizer on the same positions; every model: its size.
+KEYS = ("val_loss", "val_perplexity", "unigram_perplexity", "final_train_loss", "steps")
+metrics = {"parameters": record["parameters"], **{k: record["pretrain"][k] for k in KEYS if k in record.get("pretrain", {})}}
+write_text(args.metrics, json.dumps(metrics, indent=2, sort_keys=True) + "\n")
