@@ -80,9 +80,10 @@ def test_unknown_key_and_wrong_type_in_params(tmp_path):
 def test_unknown_model_source(tmp_path):
     bad, _ = params_with(tmp_path, models=[{"name": "a", "ftp": "x"}, {"name": "b", "path": "p"}])
     out = tmp_path / "models" / "a"
-    assert_failed(script("model", "--params", bad, "--model", "a", "--sequences", "x", "--out", out),
+    metrics = tmp_path / "a.json"
+    assert_failed(script("model", "--params", bad, "--model", "a", "--sequences", "x", "--out", out, "--metrics", metrics),
                   "models.0", "'ftp' was unexpected")
-    assert not out.exists()
+    assert not out.exists() and not metrics.exists()
 
 
 def test_model_folder_without_tokenizer(tmp_path, tiny_model_dir):
@@ -92,9 +93,10 @@ def test_model_folder_without_tokenizer(tmp_path, tiny_model_dir):
         (folder / f).write_bytes((tiny_model_dir / f).read_bytes())
     bad, _ = params_with(tmp_path, models=[{"name": "nt", "path": str(folder)}, {"name": "b", "path": "p"}])
     out = tmp_path / "models" / "nt"
-    assert_failed(script("model", "--params", bad, "--model", "nt", "--sequences", "x", "--out", out),
+    metrics = tmp_path / "nt.json"
+    assert_failed(script("model", "--params", bad, "--model", "nt", "--sequences", "x", "--out", out, "--metrics", metrics),
                   "model 'nt'", "has no tokenizer", "tokenizer.save_pretrained")
-    assert not out.exists()
+    assert not out.exists() and not metrics.exists()
 
 
 def test_empty_corpus_and_no_train_rows(tmp_path):
