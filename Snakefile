@@ -30,3 +30,4 @@ rule all:
         rules.lmd_figures.output,
         rules.mpo_figure.output,
         rules.finetune_summary.output,
+        expand("results/metrics/models/{model}.json", model=MODELS),
