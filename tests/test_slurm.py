@@ -177,8 +177,9 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
-# squeue keeps finished jobs this long; the plugin's squeue status needs it >= 3 x its check interval
-MinJobAge=300
+# squeue keeps finished jobs this long: the plugin's squeue status needs it >= 3 x its check
+# interval, and the test asks squeue about every job of the run after the run ends
+MinJobAge=3600
 KillWait=5
 {node} NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
