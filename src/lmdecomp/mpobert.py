@@ -521,7 +521,8 @@ def parameter_report(model: nn.Module) -> dict[str, int]:
         "adapters": adapter_parameters(model),
         "gates": gate_parameters(model),
         "embeddings": _unique(p for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()),
-        "dense_weights": _unique(m.weight for m in model.modules() if isinstance(m, nn.Linear) and not any(isinstance(a, Adapter) and m in (a.down, a.up) for a in model.modules())),
+        # adapter weights were claimed above, so only the other linear layers count here
+        "dense_weights": _unique(m.weight for m in model.modules() if isinstance(m, nn.Linear)),
     }
     claimed: set[int] = set()
     counts = {}
