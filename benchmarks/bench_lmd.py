@@ -115,12 +115,13 @@ def prototype_accumulate(folders) -> lmd.Moments:
     """PROTOTYPE of the recommended Moments.update: one in-place dsyrk per shard and split."""
     from scipy.linalg.blas import dsyrk
 
-    model_names, dims, _, rows = lmd._aligned_shards(folders)
+    aligned = lmd.aligned_shards(folders)
+    model_names, dims, rows = aligned.names, aligned.dims, aligned.rows
     width = sum(dims)
     n = {s: 0 for s in lmd.SPLITS}
     sums = {s: np.zeros(width) for s in lmd.SPLITS}
     upper = {s: np.zeros((width, width), order="F") for s in lmd.SPLITS}
-    for split, x in rows:
+    for split, x, _ in rows:
         for s in lmd.SPLITS:
             mask = split == s
             if not mask.any():

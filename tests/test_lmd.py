@@ -130,6 +130,37 @@ def test_streaming_moments_over_shards_equal_one_in_memory_pass(tmp_path):
     np.testing.assert_array_equal(loaded.cross["val"], streamed.cross["val"])
 
 
+@pytest.mark.parametrize("per_job", [1, 2, 3])
+def test_moments_computed_in_parts_reduce_to_the_one_pass_bits(tmp_path, per_job):
+    """The scale-out (lmd.shards_per_job): partial block moments over groups of shards, reduced,
+    equal one pass bit for bit — with blocks of 37 sequences that straddle shards of 64."""
+    rng = np.random.default_rng(4)
+    n = 250
+    blocks = [b.astype(np.float32) for b in planted(rng, n, [4, 6, 3])]
+    split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n)
+    names = ["m0", "m1", "m2"]
+    for name, block in zip(names, blocks):
+        write_embeddings(tmp_path / name, name, np.arange(n, dtype=np.int64), split, block, rows_per_shard=64)
+    folders = {name: tmp_path / name for name in names}
+    one_pass = lmd.accumulate_block_moments(folders, rows_per_block=37)
+    parts = [lmd.accumulate_block_moments(folders, rows_per_block=37, shard_range=(lo, min(lo + per_job, 4)))
+             for lo in range(0, 4, per_job)]
+    assert sum(len(p) for p in parts) >= len(one_pass) == 7
+    reduced = lmd.reduce_block_moments(parts)
+    for field in ("n", "sums", "cross"):
+        np.testing.assert_array_equal(getattr(reduced, field), getattr(one_pass, field))
+    # and against an explicit float64 computation of each block
+    x = np.concatenate(blocks, axis=1).astype(np.float64)
+    for b in range(7):
+        rows = x[37 * b:37 * (b + 1)][split[37 * b:37 * (b + 1)] == "train"]
+        np.testing.assert_allclose(reduced.cross[b, 0], rows.T @ rows, rtol=1e-12, atol=1e-12)
+    reduced.save(tmp_path / "r.safetensors")
+    one_pass.save(tmp_path / "o.safetensors")
+    assert (tmp_path / "r.safetensors").read_bytes() == (tmp_path / "o.safetensors").read_bytes()
+    with pytest.raises(lmd.LMDError, match="not a part of a scale-out"):
+        lmd.reduce_block_moments([one_pass])
+
+
 def test_models_with_different_seq_ids_are_refused(tmp_path):
     rng = np.random.default_rng(4)
     split = np.array(["train"] * 40, dtype=object)

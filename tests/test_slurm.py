@@ -44,7 +44,7 @@ CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel", "sacct", 
 SNAKEMAKE_TIMEOUT = 900  # the SLURM run takes about 4 minutes on two busy cores
 SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.")
 FINISHED = re.compile(r"Finished jobid: (\d+) \(Rule: (\w+)\)")
-RULES = {"corpus", "model", "embed", "moments", "lmd_fit", "lmd_figures"}  # at least these
+RULES = {"corpus", "model", "embed", "moments", "lmd_fit", "lmd_layers", "lmd_figures"}  # at least these
 
 
 def base_env() -> dict[str, str]:

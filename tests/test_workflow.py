@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from lmdecomp import shards
+from lmdecomp import lmd, shards
 from lmdecomp.params import load_params
 
 pytestmark = pytest.mark.integration
@@ -36,6 +36,8 @@ ARTIFACTS = [
     "results/lmd/selection.parquet",
     "results/lmd/similarity.parquet",
     "results/lmd/metrics.json",
+    "results/lmd/layers.parquet",
+    "results/figures/lmd_layers.png",
     "results/figures/lmd_pairwise.png",
     "results/figures/lmd_loo.png",
     "results/figures/lmd_selection.png",
@@ -137,7 +139,7 @@ def test_snakemake_smoke_writes_every_artifact(snakemake_run, repo_root):
     assert loo.columns == ["target", "split", "r2", "alpha", "r2_lo", "r2_hi"]
     assert pairwise.height == 3 * 2 * 3 and loo.height == 3 * 3
     assert set(pairwise["alpha"]) <= set(params["lmd"]["alpha"])  # chosen on val from the grid
-    assert (loo["r2_lo"] < loo["r2_hi"]).all()
+    assert ((loo["r2_lo"] <= loo["r2"]) & (loo["r2"] <= loo["r2_hi"]) & (loo["r2_lo"] < loo["r2_hi"])).all()
     selection = pl.read_parquet(work / "results/lmd/selection.parquet")
     assert selection.height == 3 * 2 and set(selection["k"]) == {1, 2}
     similarity = pl.read_parquet(work / "results/lmd/similarity.parquet")
@@ -156,8 +158,22 @@ def test_snakemake_smoke_writes_every_artifact(snakemake_run, repo_root):
     test_r2 = dict(loo.filter(pl.col("split") == "test").select("target", "r2").iter_rows())
     assert metrics["loo_test_r2"] == pytest.approx(test_r2)
     assert metrics["loo_test_r2_mean"] == pytest.approx(np.mean(list(test_r2.values())))
-    for png in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "mpo_tradeoff.png",
-                "finetune_tradeoff.png"):
+    assert metrics["rows"] == {"granularity": "sequence"}
+
+    # Layer-wise: every hidden state of every model (embed.layers: all); at relative depth 1 the
+    # basis is every other model's last layer, so the fit is the main leave-one-out fit,
+    # computed here from a separate pass over the shards.
+    layered = pl.read_parquet(work / "results/lmd/layers.parquet")
+    depth = {"minilm": 6, "cassette": 2, "zoo-tiny": 1}
+    assert layered.height == 3 * sum(d + 1 for d in depth.values())
+    for model, n_layers in depth.items():
+        rows = layered.filter((pl.col("model") == model) & (pl.col("split") == "test")).sort("layer")
+        assert rows["layer"].to_list() == list(range(n_layers + 1))
+        assert rows["relative_depth"].to_list() == pytest.approx([k / n_layers for k in range(n_layers + 1)])
+        assert rows["r2"][-1] == pytest.approx(test_r2[model], abs=1e-8)
+    assert ((layered["r2_lo"] <= layered["r2"]) & (layered["r2"] <= layered["r2_hi"])).all()
+    for png in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "lmd_layers.png",
+                "mpo_tradeoff.png", "finetune_tradeoff.png"):
         assert (work / "results/figures" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     finetuned = pl.read_csv(work / "results/tables/finetune.csv")
@@ -219,6 +235,53 @@ def test_dvc_agrees_with_snakemake_byte_for_byte(snakemake_run, repo_root, tmp_p
     assert "loo_test_r2_mean" in shown.stdout
 
 
+def test_shards_per_job_splits_the_moments_pass_and_reduces_to_the_same_bytes(snakemake_run, repo_root, tmp_path):
+    """lmd.shards_per_job: one moments_part job per shard (4 here), then the reduce; the moments
+    files are byte-identical to the one-pass run's."""
+    work = copy_repo(repo_root, tmp_path / "parts")
+    shutil.copytree(snakemake_run / "results", work / "results", copy_function=shutil.copy2)
+    for rel in ("results/lmd", "results/figures", "results/tables"):
+        shutil.rmtree(work / rel, ignore_errors=True)
+    (work / "parts.yaml").write_text("lmd:\n  shards_per_job: 1\n")
+    configs = ["--configfile", "config/smoke.yaml", "parts.yaml"]
+    targets = ["results/lmd/moments.safetensors", "results/lmd/block_moments.safetensors"]
+    planned = run(["snakemake", *targets, "-n", "--cores", "2", *configs], work).stdout
+    assert planned.count("rule moments_part:") == 4 and "rule embed:" not in planned
+    run(["snakemake", *targets, "--cores", "2", *configs], work)
+    for rel in targets:
+        assert (work / rel).read_bytes() == (snakemake_run / rel).read_bytes(), rel
+    assert not list((work / "results/lmd/parts").glob("*.safetensors"))  # temp() parts are removed
+
+
+def test_word_granularity_runs_lmd_on_words_shared_by_every_tokenizer(repo_root, tmp_path):
+    """config/words.yaml on the smoke config: word rows for three tokenizers' models, the LMD
+    fits on the words every model kept, and the count of dropped words in the metrics."""
+    work = copy_repo(repo_root, tmp_path)
+    configs = ["--configfile", "config/smoke.yaml", "config/words.yaml"]
+    run(["snakemake", "results/lmd/metrics.json", "results/lmd/similarity.parquet", "--cores", "2", *configs], work)
+    seqs = pq.read_table(work / "results/corpus/sequences.parquet")
+    manifests = {m: shards.read_manifest(work / "results/embeddings" / m) for m in ("minilm", "cassette", "zoo-tiny")}
+    keys = {}
+    for name, manifest in manifests.items():
+        assert manifest["granularity"] == "word" and manifest["sequences"] == seqs.num_rows
+        parts = list(shards.iter_shards(work / "results/embeddings" / name))
+        keys[name] = {(s, w) for p in parts for s, w in zip(p.seq_id.tolist(), p.word_idx.tolist())}
+        assert manifest["rows"] == len(keys[name]) == manifest["words"] - manifest["words_truncated"]
+    n_words = manifests["minilm"]["words"]
+    assert len({m["words"] for m in manifests.values()}) == 1 and n_words > seqs.num_rows
+    # zoo-tiny reads 32 tokens, the others 64: it truncates words the others keep
+    assert manifests["zoo-tiny"]["words_truncated"] > manifests["minilm"]["words_truncated"]
+    common = set.intersection(*keys.values())
+    metrics = json.loads((work / "results/lmd/metrics.json").read_text())
+    assert metrics["rows"] == {"granularity": "word", "words": n_words, "words_kept": len(common),
+                               "words_dropped": n_words - len(common)}
+    moments = lmd.Moments.load(work / "results/lmd/moments.safetensors")
+    assert sum(moments.n.values()) == len(common)
+    loo = pl.read_parquet(work / "results/lmd/loo.parquet").filter(pl.col("split") == "test")
+    assert loo.height == 3 and (loo["r2"] > 0).all()
+    assert pl.read_parquet(work / "results/lmd/similarity.parquet").height == 3
+
+
 @pytest.mark.parametrize("overlay", ["config/paper.yaml", "config/full.yaml"])
 def test_other_configs_plan_the_whole_dag_from_a_clean_checkout(repo_root, tmp_path, overlay):
     """`snakemake -n` plans every stage for every model of the overlay (nothing downloaded)."""
@@ -245,8 +308,8 @@ def test_broken_params_stop_snakemake_before_any_job(repo_root, tmp_path):
 def test_report_collects_every_figure(snakemake_run):
     run(["snakemake", "--configfile", "config/smoke.yaml", "--report", "results/report.html"], snakemake_run)
     html = (snakemake_run / "results/report.html").read_text(errors="replace")
-    for name in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "mpo_tradeoff.png",
-                 "finetune_tradeoff.png", "finetune.csv", "pairwise.parquet", "loo.parquet", "metrics.json"):
+    for name in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "lmd_layers.png",
+                 "mpo_tradeoff.png", "finetune_tradeoff.png", "finetune.csv", "pairwise.parquet", "loo.parquet", "metrics.json"):
         assert name in html, name
     assert "asymmetric" in html  # a caption made it in
 

@@ -1,4 +1,4 @@
-"""Embedding extraction: sequences → pooled hidden states of one layer → Parquet shards.
+"""Embedding extraction: sequences → pooled hidden states of chosen layers → Parquet shards.
 
 Work is done shard by shard (``shard_rows`` sequences in ``seq_id`` order), so memory is
 bounded by one shard whatever the corpus size. Inside a shard, sequences are sorted by
@@ -13,6 +13,16 @@ Pooling of the hidden states h_1..h_n of the n real tokens (special tokens inclu
 * ``padded_mean`` (1/L) Σ_t h_t with L = ``max_length``, the padded length; the paper's
   code averaged over a batch padded to a fixed length this way
 * ``cls``         h_1
+
+With ``granularity: word`` a row is a word instead of a sequence: the mean of the states of
+the word's subword tokens, words cut by one fixed pre-tokenizer for every model (see
+:mod:`lmdecomp.words`), so rows (seq_id, word_idx) line up across tokenizers. Words a model's
+tokenizer truncated away are missing from its shards; the LMD stage keeps the words every
+model has and reports how many it dropped.
+
+``layer`` is the hidden state in the ``embedding`` column (0 = embeddings, −1 = last layer);
+``layers`` (a list, or ``all``) stores further hidden states as ``hidden_K`` columns, for
+layer-wise LMD. They come from the same forward pass, so they cost only the pooling.
 """
 
 from __future__ import annotations
@@ -28,11 +38,12 @@ import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 
-from . import shards
+from . import shards, words
 from .atomic import write_text
 from .models import ModelRef, weights_sha256
 
 POOLINGS = ("mean", "padded_mean", "cls")
+GRANULARITIES = ("sequence", "word")
 PLAN = ".plan.json"
 
 
@@ -74,6 +85,31 @@ def token_budget_batches(lengths: np.ndarray, batch_tokens: int) -> Iterator[np.
         start += rows
 
 
+def stored_layers(cfg: Mapping[str, Any], n_states: int, model: str) -> tuple[int, list[int]]:
+    """(main layer, further layers) as hidden-state indices in [0, n_states): ``embed.layer``
+    and the others of ``embed.layers`` (a list of indices, negative from the end, or ``all``)."""
+
+    def index(layer: Any, key: str) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -n_states <= layer < n_states:
+            raise EmbedError(
+                f"model {model!r}: {key}={layer!r} but the model has {n_states} hidden states "
+                f"(0 = embeddings … {n_states - 1} = last layer; negative counts from the end)"
+            )
+        return layer % n_states
+
+    main = index(cfg["layer"], "embed.layer")
+    spec = cfg.get("layers")
+    if spec is None:
+        wanted: list[int] = []
+    elif spec == "all":
+        wanted = list(range(n_states))
+    elif isinstance(spec, list):
+        wanted = [index(k, "embed.layers") for k in spec]
+    else:
+        raise EmbedError(f"embed.layers is {spec!r}; give a list of hidden-state indices or 'all'")
+    return main, sorted(set(wanted) - {main})
+
+
 def model_max_length(model, tokenizer, wanted: int) -> int:
     limits = [wanted]
     if 0 < getattr(tokenizer, "model_max_length", 0) < 100_000:
@@ -109,6 +145,8 @@ def _plan(ref: ModelRef, cfg: Mapping[str, Any], max_length: int, sequences: Pat
         "model": ref.name,
         "source": ref.source,
         "layer": cfg["layer"],
+        "layers": cfg.get("layers"),
+        "granularity": cfg.get("granularity", "sequence"),
         "pooling": cfg["pooling"],
         "max_length": max_length,
         "shard_rows": cfg["shard_rows"],
@@ -135,15 +173,20 @@ def embed_model(
     device = pick_device(cfg.get("device", "auto"))
     dtype = cfg.get("dtype", "float32")
 
+    granularity = cfg.get("granularity", "sequence")
+    if granularity not in GRANULARITIES:
+        raise EmbedError(f"embed.granularity is {granularity!r}; choose one of {GRANULARITIES}")
+    if granularity == "word" and pooling != "mean":
+        raise EmbedError(f"embed.granularity: word averages each word's tokens; embed.pooling must be "
+                         f"mean (got {pooling!r})")
+
     tokenizer = ref.load_tokenizer()
+    if granularity == "word" and not tokenizer.is_fast:
+        raise EmbedError(f"model {ref.name!r}: word granularity needs a fast tokenizer (character offsets); "
+                         "save the model with a tokenizer.json")
     model = ref.load_model().to(device)
     n_states = model.config.num_hidden_layers + 1
-    layer = int(cfg["layer"])
-    if not -n_states <= layer < n_states:
-        raise EmbedError(
-            f"model {ref.name!r}: embed.layer={layer} but the model has {n_states} hidden states "
-            f"(0 = embeddings … {n_states - 1} = last layer; negative counts from the end)"
-        )
+    layer, extra_layers = stored_layers(cfg, n_states, ref.name)
     max_length = model_max_length(model, tokenizer, int(cfg["max_length"]))
     plan = _plan(ref, cfg, max_length, sequences)
 
@@ -159,7 +202,7 @@ def embed_model(
 
     total_rows = pq.ParquetFile(sequences).metadata.num_rows
     bar = tqdm(total=total_rows, desc=f"embed {ref.name}", unit="seq", disable=not progress)
-    entries, tokens, truncated, dim = [], 0, 0, None
+    entries, tokens, truncated, n_words, dim = [], 0, 0, 0, None
     split_counts: dict[str, int] = {}
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     for index, chunk in enumerate(_iter_chunks(sequences, int(cfg["shard_rows"]))):
@@ -169,38 +212,69 @@ def embed_model(
         for s in splits:
             split_counts[s] = split_counts.get(s, 0) + 1
         full = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-        truncated += sum(len(ids) > max_length for ids in full)
-        encoded = tokenizer(texts, truncation=True, max_length=max_length)
+        cut = [len(ids) > max_length for ids in full]
+        truncated += sum(cut)
+        encoded = tokenizer(texts, truncation=True, max_length=max_length,
+                            return_offsets_mapping=granularity == "word")
         lengths = np.array([len(ids) for ids in encoded["input_ids"]])
         tokens += int(lengths.sum())
+        spans = [words.word_spans(t) for t in texts] if granularity == "word" else None
+        if spans is not None:
+            n_words += sum(len(s) for s in spans)
         name = shards.shard_name(index)
         path = out_dir / name
-        if path.is_file() and _reusable(path, seq_ids):
-            dim = shards.read_shard(path).embedding.shape[1]
-            entries.append(shards.shard_entry(out_dir, name, len(seq_ids)))
+        existing = _reusable(path, seq_ids)
+        if existing is not None:
+            dim = existing.embedding.shape[1]
+            entries.append(shards.shard_entry(out_dir, name, len(existing.seq_id), len(seq_ids)))
             bar.update(len(seq_ids))
             continue
-        pooled: np.ndarray | None = None
+        # per sequence of the chunk: {hidden-state index: (rows, dim)} and, for words, their indices
+        vectors: list[dict[int, np.ndarray]] = [{} for _ in texts]
+        word_ids: list[np.ndarray] = [np.zeros(0, np.int64) for _ in texts]
         with torch.inference_mode(), amp:
             for rows in token_budget_batches(lengths, int(cfg["batch_tokens"])):
                 features = tokenizer.pad(
-                    {k: [encoded[k][i] for i in rows] for k in encoded.keys()}, return_tensors="pt"
+                    {k: [encoded[k][i] for i in rows] for k in encoded.keys() if k != "offset_mapping"},
+                    return_tensors="pt",
                 )
                 features = {k: v.to(device) for k, v in features.items()}
-                out = model(**features, output_hidden_states=True)
-                vectors = pool(out.hidden_states[layer].float(), features["attention_mask"], pooling, max_length)
-                if pooled is None:
-                    dim = vectors.shape[1]
-                    pooled = np.empty((len(texts), dim), dtype=np.float32)
-                pooled[rows] = vectors.cpu().numpy()
+                hidden = model(**features, output_hidden_states=True).hidden_states
+                for k in (layer, *extra_layers):
+                    states = hidden[k].float()
+                    if granularity == "sequence":
+                        pooled = pool(states, features["attention_mask"], pooling, max_length).cpu().numpy()
+                        for j, i in enumerate(rows):
+                            vectors[i][k] = pooled[j : j + 1]
+                        continue
+                    for j, i in enumerate(rows):
+                        word, token = words.token_word_pairs(spans[i], encoded["offset_mapping"][i], cut[i])
+                        kept, slot = np.unique(word, return_inverse=True)
+                        slot_t = torch.as_tensor(slot, device=states.device)
+                        sums = torch.zeros(len(kept), states.shape[-1], device=states.device)
+                        sums.index_add_(0, slot_t, states[j, torch.as_tensor(token, device=states.device)])
+                        counts = torch.bincount(slot_t, minlength=len(kept)).clamp(min=1).unsqueeze(1)
+                        vectors[i][k] = (sums / counts).cpu().numpy()
+                        word_ids[i] = kept
                 bar.update(len(rows))
-        shards.check_finite(ref.name, seq_ids, pooled)
-        shards.write_shard(path, seq_ids, splits, pooled, int(cfg["batch_tokens"]) // max(int(lengths.max()), 1))
-        entries.append(shards.shard_entry(out_dir, name, len(seq_ids)))
+        rows_per_seq = [len(v[layer]) for v in vectors]
+        columns = {k: np.concatenate([v[k] for v in vectors]).astype(np.float32) for k in (layer, *extra_layers)}
+        dim = columns[layer].shape[1]
+        row_seq = np.repeat(seq_ids, rows_per_seq)
+        for k, x in columns.items():
+            shards.check_finite(ref.name, row_seq, x)
+        shards.write_shard(
+            path, row_seq, list(np.repeat(np.asarray(splits, dtype=object), rows_per_seq)), columns[layer],
+            int(cfg["batch_tokens"]) // max(int(lengths.max()), 1),
+            word_idx=np.concatenate(word_ids) if granularity == "word" else None,
+            hidden={k: columns[k] for k in extra_layers},
+        )
+        entries.append(shards.shard_entry(out_dir, name, len(row_seq), len(seq_ids)))
     bar.close()
     if not entries:
         raise EmbedError(f"{sequences} holds no sequences")
 
+    rows = int(sum(e["rows"] for e in entries))
     manifest = {
         "schema_version": shards.SCHEMA_VERSION,
         "model": ref.name,
@@ -208,24 +282,37 @@ def embed_model(
         "revision": ref.revision,
         "weights_sha256": weights_sha256(model),
         "layer": layer,
+        "layers": sorted([layer, *extra_layers]),
+        "num_hidden_layers": n_states - 1,
+        "granularity": granularity,
         "pooling": pooling,
         "max_length": max_length,
         "dtype": dtype,
         "dim": int(dim),
-        "rows": int(sum(e["rows"] for e in entries)),
+        "rows": rows,
+        "sequences": int(sum(e["sequences"] for e in entries)),
         "tokens": tokens,
         "truncated_sequences": int(truncated),
         "split_counts": dict(sorted(split_counts.items())),
         "shards": entries,
     }
+    if granularity == "word":
+        manifest["words"] = int(n_words)
+        manifest["words_truncated"] = int(n_words - rows)
     shards.write_manifest(out_dir, manifest)
     return manifest
 
 
-def _reusable(path: Path, seq_ids: np.ndarray) -> bool:
-    """A shard from an earlier run is reused if it reads back whole with the expected ids."""
+def _reusable(path: Path, seq_ids: np.ndarray) -> shards.Shard | None:
+    """A shard from an earlier run of the same plan, if it reads back whole and holds rows of
+    exactly this chunk's sequences (every one of them, for sequence rows)."""
+    if not path.is_file():
+        return None
     try:
-        existing = pq.read_table(path, columns=["seq_id"]).column("seq_id").to_numpy()
-    except (OSError, pa.ArrowException):
-        return False
-    return np.array_equal(existing, seq_ids)
+        existing = shards.read_shard(path)
+    except (OSError, pa.ArrowException, shards.ShardError):
+        return None
+    ids = existing.seq_id
+    if existing.word_idx is None:
+        return existing if np.array_equal(ids, seq_ids) else None
+    return existing if len(ids) and np.isin(ids, seq_ids).all() else None

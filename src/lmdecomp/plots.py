@@ -66,7 +66,7 @@ def loo_bars(loo: pl.DataFrame, path: str | Path, split: str = "test") -> None:
     fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(names), 4))
     ax.bar(names, values, color="#4C72B0")
     if "r2_lo" in rows.columns:
-        # Drawn as [lo, hi] segments: a bootstrap interval need not contain the estimate.
+        # Drawn as [lo, hi] segments: the interval need not be symmetric about the estimate.
         x = np.arange(len(names))
         ax.vlines(x, rows["r2_lo"].to_numpy(), rows["r2_hi"].to_numpy(), color="#222222", linewidth=2)
         ax.hlines(np.concatenate([rows["r2_lo"].to_numpy(), rows["r2_hi"].to_numpy()]),
@@ -103,6 +103,29 @@ def selection_curves(selection: pl.DataFrame, path: str | Path) -> None:
     ax.set_title("Greedy basis selection per target")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=8, title="target", loc="lower right")
+    _save(fig, path)
+
+
+def layer_curves(layers: pl.DataFrame, path: str | Path, split: str = "test") -> None:
+    """Layer-wise leave-one-out R² against relative depth (0 = embeddings, 1 = last layer), one
+    line per model, with the bootstrap interval as a band when the table has one."""
+    rows = layers.filter(pl.col("split") == split)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, model in enumerate(sorted(set(rows["model"]))):
+        r = rows.filter(pl.col("model") == model).sort("relative_depth")
+        colour = f"C{i % 10}"
+        x = r["relative_depth"].to_numpy()
+        ax.plot(x, r["r2"].to_numpy(), marker="o", color=colour, label=f"{model} ({r.height - 1} layers)")
+        if "r2_lo" in r.columns:
+            ax.fill_between(x, r["r2_lo"].to_numpy(), r["r2_hi"].to_numpy(), color=colour, alpha=0.15, linewidth=0)
+    ax.set_xlabel("relative depth (hidden state / layers; 0 = embedding output)")
+    ax.set_ylabel(f"leave-one-out {split} R²")
+    title = "Layer-wise LMD: each layer from the other models at the same relative depth"
+    if "r2_lo" in rows.columns:
+        title += "\n(bands: bootstrap interval)"
+    ax.set_title(title, fontsize=10)
+    ax.set_xlim(-0.03, 1.03)
+    ax.legend(fontsize=8, loc="best")
     _save(fig, path)
 
 

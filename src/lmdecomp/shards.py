@@ -3,11 +3,15 @@
 A model's folder holds ``part-NNNNN.parquet`` files with columns
 
     seq_id     int64
+    word_idx   int32                            (``granularity: word`` only)
     split      string
-    embedding  fixed_size_list<float32>[dim]
+    embedding  fixed_size_list<float32>[dim]    the hidden state of ``embed.layer``
+    hidden_K   fixed_size_list<float32>[dim]    hidden state K of ``embed.layers`` (K ≥ 0), if any
 
-and ``manifest.json`` (model, source, revision, weights hash, layer, pooling, dim, rows,
-tokens, ``schema_version``, and per shard its file name, rows and sha256). Shards are
+A row is a sequence, or with ``granularity: word`` a word (seq_id, word_idx) of a sequence;
+rows are sorted by that key. ``manifest.json`` holds model, source, revision, weights hash,
+layer, layers, granularity, pooling, dim, rows, tokens, ``schema_version``, and per shard its
+file name, rows, sequences and sha256. Shards are
 written atomically and the manifest last, so a folder without a manifest is unfinished.
 Readers verify every shard against the manifest's checksum before using it.
 """
@@ -15,9 +19,9 @@ Readers verify every shard against the manifest's checksum before using it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +29,7 @@ import pyarrow.parquet as pq
 
 from .atomic import atomic_path, sha256_file, write_text
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 
 
@@ -33,14 +37,29 @@ class ShardError(ValueError):
     """An embedding folder is missing, unfinished, corrupt or inconsistent."""
 
 
-def shard_schema(dim: int) -> pa.Schema:
-    return pa.schema(
-        [
-            ("seq_id", pa.int64()),
-            ("split", pa.string()),
-            ("embedding", pa.list_(pa.float32(), dim)),
-        ]
-    )
+def hidden_column(layer: int) -> str:
+    """The column of hidden state ``layer`` (≥ 0) stored besides ``embedding``."""
+    return f"hidden_{int(layer)}"
+
+
+def layer_column(manifest: dict[str, Any], layer: int) -> str:
+    """The column holding hidden state ``layer`` (≥ 0) of a model, per its manifest."""
+    if layer == manifest["layer"]:
+        return "embedding"
+    if layer not in manifest.get("layers", []):
+        raise ShardError(f"model {manifest['model']!r}: hidden state {layer} was not embedded; "
+                         f"stored: {manifest.get('layers', [manifest['layer']])} (set embed.layers)")
+    return hidden_column(layer)
+
+
+def shard_schema(dim: int, words: bool = False, hidden_layers: Iterable[int] = ()) -> pa.Schema:
+    vector = pa.list_(pa.float32(), dim)
+    fields = [("seq_id", pa.int64())]
+    if words:
+        fields.append(("word_idx", pa.int32()))
+    fields += [("split", pa.string()), ("embedding", vector)]
+    fields += [(hidden_column(k), vector) for k in hidden_layers]
+    return pa.schema(fields)
 
 
 def shard_name(index: int) -> str:
@@ -57,18 +76,27 @@ def check_finite(model: str, seq_ids: np.ndarray, embeddings: np.ndarray) -> Non
         )
 
 
-def write_shard(path: Path, seq_ids: np.ndarray, splits: list[str], embeddings: np.ndarray, row_group_rows: int) -> None:
-    """Write one shard atomically; ``embeddings`` is (rows, dim) float32."""
-    rows, dim = embeddings.shape
-    flat = pa.array(np.ascontiguousarray(embeddings, dtype=np.float32).reshape(-1))
-    table = pa.Table.from_arrays(
-        [
-            pa.array(seq_ids, type=pa.int64()),
-            pa.array(splits, type=pa.string()),
-            pa.FixedSizeListArray.from_arrays(flat, dim),
-        ],
-        schema=shard_schema(dim),
-    )
+def _vectors(x: np.ndarray) -> pa.FixedSizeListArray:
+    return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(x, dtype=np.float32).reshape(-1)), x.shape[1])
+
+
+def write_shard(
+    path: Path,
+    seq_ids: np.ndarray,
+    splits: list[str],
+    embeddings: np.ndarray,
+    row_group_rows: int,
+    word_idx: np.ndarray | None = None,
+    hidden: Mapping[int, np.ndarray] | None = None,
+) -> None:
+    """Write one shard atomically; ``embeddings`` and every ``hidden[K]`` are (rows, dim) float32."""
+    hidden = dict(sorted((hidden or {}).items()))
+    arrays = [pa.array(seq_ids, type=pa.int64())]
+    if word_idx is not None:
+        arrays.append(pa.array(word_idx, type=pa.int32()))
+    arrays += [pa.array(splits, type=pa.string()), _vectors(embeddings)]
+    arrays += [_vectors(x) for x in hidden.values()]
+    table = pa.Table.from_arrays(arrays, schema=shard_schema(embeddings.shape[1], word_idx is not None, hidden))
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, row_group_size=max(1, row_group_rows), compression="zstd")
 
@@ -78,17 +106,31 @@ class Shard:
     seq_id: np.ndarray  # (rows,) int64
     split: np.ndarray  # (rows,) object (str)
     embedding: np.ndarray  # (rows, dim) float32
+    word_idx: np.ndarray | None = None  # (rows,) int32 with granularity word
+    columns: dict[str, np.ndarray] = field(default_factory=dict)  # every vector column read, by name
 
 
-def read_shard(path: Path) -> Shard:
-    table = pq.read_table(path)
-    column = table.column("embedding").combine_chunks()
-    dim = column.type.list_size
+def _read_vectors(table: pa.Table, name: str) -> np.ndarray:
+    column = table.column(name).combine_chunks()
     values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    return values.reshape(-1, column.type.list_size)
+
+
+def read_shard(path: Path, columns: Sequence[str] = ("embedding",)) -> Shard:
+    """Read a shard's keys and the named vector columns (``embedding`` and/or ``hidden_K``)."""
+    names = pq.read_schema(path).names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ShardError(f"{path} has no column {missing}; it holds {names}")
+    keys = ["seq_id", "split"] + (["word_idx"] if "word_idx" in names else [])
+    table = pq.read_table(path, columns=list(dict.fromkeys([*keys, *columns])))
+    vectors = {c: _read_vectors(table, c) for c in columns}
     return Shard(
         seq_id=table.column("seq_id").to_numpy(),
         split=np.asarray(table.column("split").to_pylist(), dtype=object),
-        embedding=values.reshape(-1, dim),
+        embedding=vectors[columns[0]] if columns else np.zeros((table.num_rows, 0), np.float32),
+        word_idx=table.column("word_idx").to_numpy() if "word_idx" in names else None,
+        columns=vectors,
     )
 
 
@@ -96,8 +138,10 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     write_text(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
-def shard_entry(folder: Path, file: str, rows: int) -> dict[str, Any]:
-    return {"file": file, "rows": int(rows), "sha256": sha256_file(folder / file)}
+def shard_entry(folder: Path, file: str, rows: int, sequences: int | None = None) -> dict[str, Any]:
+    """A manifest's record of one shard: ``sequences`` it covers (= rows unless rows are words)."""
+    return {"file": file, "rows": int(rows), "sequences": int(rows if sequences is None else sequences),
+            "sha256": sha256_file(folder / file)}
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any]:
@@ -117,11 +161,15 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def iter_shards(folder: str | Path, verify: bool = True) -> Iterator[Shard]:
-    """Yield a model's shards in order, checking each against the manifest first."""
+def iter_shards(
+    folder: str | Path, verify: bool = True, columns: Sequence[str] = ("embedding",), indices: range | None = None
+) -> Iterator[Shard]:
+    """Yield a model's shards in order (the named vector columns; the shards at ``indices``
+    only, if given), checking each against the manifest first."""
     folder = Path(folder)
     manifest = read_manifest(folder)
-    for entry in manifest["shards"]:
+    entries = manifest["shards"]
+    for entry in entries if indices is None else [entries[i] for i in indices]:
         path = folder / entry["file"]
         if not path.is_file():
             raise ShardError(f"{path} is listed in the manifest but missing; rerun the embed step")
@@ -130,9 +178,10 @@ def iter_shards(folder: str | Path, verify: bool = True) -> Iterator[Shard]:
                 f"{path} is corrupt or truncated (sha256 differs from {MANIFEST}); "
                 f"delete {folder} and rerun the embed step"
             )
-        shard = read_shard(path)
-        if len(shard.seq_id) != entry["rows"] or shard.embedding.shape[1] != manifest["dim"]:
-            raise ShardError(f"{path} has {len(shard.seq_id)} rows × {shard.embedding.shape[1]}, "
-                             f"manifest says {entry['rows']} × {manifest['dim']}")
-        check_finite(manifest["model"], shard.seq_id, shard.embedding)
+        shard = read_shard(path, columns)
+        for name, x in shard.columns.items():
+            if x.shape != (entry["rows"], manifest["dim"]):
+                raise ShardError(f"{path}: column {name} is {x.shape[0]} × {x.shape[1]}, "
+                                 f"manifest says {entry['rows']} × {manifest['dim']}")
+            check_finite(manifest["model"], shard.seq_id, x)
         yield shard

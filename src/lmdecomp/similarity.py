@@ -147,19 +147,22 @@ def mutual_knn(x: np.ndarray, y: np.ndarray, k: int = 10, chunk: int = 1024) -> 
     return float(np.mean(overlap) / k) if n else float("nan")
 
 
-def split_rows(folder: str | Path, split: str, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """(seq_id, embeddings float64) of the first ``max_rows`` rows of ``split`` in a model's shards."""
-    from . import shards
+def split_rows(folders: Mapping[str, str | Path], split: str, max_rows: int) -> dict[str, np.ndarray]:
+    """Per model, float64 embeddings of the first ``max_rows`` rows of ``split``, aligned across
+    models (sequence rows, or the words every model has; see :func:`lmdecomp.lmd.aligned_shards`)."""
+    from .lmd import aligned_shards
 
-    ids, rows, have = [], [], 0
-    for part in shards.iter_shards(folder):
-        keep = part.split == split
-        ids.append(part.seq_id[keep])
-        rows.append(part.embedding[keep].astype(np.float64))
+    aligned = aligned_shards(folders)
+    rows, have = [], 0
+    for part_split, x, _ in aligned.rows:
+        keep = part_split == split
+        rows.append(x[keep])
         have += int(keep.sum())
         if have >= max_rows:
             break
-    return np.concatenate(ids)[:max_rows], np.concatenate(rows)[:max_rows]
+    x = np.concatenate(rows)[:max_rows]
+    edges = np.cumsum([0, *aligned.dims])
+    return {name: x[:, edges[i]:edges[i + 1]] for i, name in enumerate(aligned.names)}
 
 
 def similarity_table(
@@ -168,13 +171,11 @@ def similarity_table(
     """Every unordered model pair: linear CKA with biased HSIC on all rows of ``split`` (from the
     moments), and unbiased-HSIC CKA and mutual k-NN alignment on its first ``max_rows`` rows."""
     names = list(folders)
-    data = {name: split_rows(folders[name], split, max_rows) for name in names}
+    data = split_rows(folders, split, max_rows)
     rows = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            if not np.array_equal(data[a][0], data[b][0]):
-                raise ValueError(f"models {a!r} and {b!r} have different {split} rows; re-embed both")
-            x, y = data[a][1], data[b][1]
+            x, y = data[a], data[b]
             rows.append({
                 "a": a, "b": b, "split": split, "rows": len(x),
                 "cka": cka_from_moments(moments, a, b, split),

@@ -24,5 +24,11 @@ if _unbuilt:
     raise WorkflowError(f"finetune.variants fine-tune models {_unbuilt} that mpobert.variants does not build; add them there")
 
 
+# lmd.shards_per_job: how many moments_part jobs split the pass over the embedding shards.
+_per_job = config["lmd"].get("shards_per_job")
+_n_shards = -(-config["corpus"]["n_sequences"] // config["embed"]["shard_rows"])
+SHARD_PARTS = -(-_n_shards // _per_job) if _per_job else None
+
+
 def embedding_dirs(wildcards=None):
     return expand("results/embeddings/{model}", model=MODELS)

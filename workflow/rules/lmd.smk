@@ -1,19 +1,58 @@
-rule moments:
-    input:
-        embeddings=embedding_dirs,
-        sequences="results/corpus/sequences.parquet",
-    output:
-        moments="results/lmd/moments.safetensors",
-        blocks="results/lmd/block_moments.safetensors",
-    params:
-        models=MODELS,
-        blocks=config["lmd"]["bootstrap_blocks"],
-    threads: config["lmd"]["threads"]
-    log:
-        "results/logs/moments.log",
-    shell:
-        "python workflow/scripts/moments.py --params {PARAMS} --embeddings results/embeddings"
-        " --sequences {input.sequences} --out {output.moments} --blocks {output.blocks} 2> {log}"
+if SHARD_PARTS is None:
+
+    rule moments:
+        input:
+            embeddings=embedding_dirs,
+            sequences="results/corpus/sequences.parquet",
+        output:
+            moments="results/lmd/moments.safetensors",
+            blocks="results/lmd/block_moments.safetensors",
+        params:
+            models=MODELS,
+            blocks=config["lmd"]["bootstrap_blocks"],
+        threads: config["lmd"]["threads"]
+        log:
+            "results/logs/moments.log",
+        shell:
+            "python workflow/scripts/moments.py --params {PARAMS} --embeddings results/embeddings"
+            " --sequences {input.sequences} --out {output.moments} --blocks {output.blocks} 2> {log}"
+
+else:
+    # lmd.shards_per_job: the pass over the shards as parallel jobs (one per group of shards,
+    # spread over the nodes of a cluster), then a reduce that writes the same bytes as one pass.
+
+    rule moments_part:
+        input:
+            embeddings=embedding_dirs,
+            sequences="results/corpus/sequences.parquet",
+        output:
+            temp("results/lmd/parts/part-{part}.safetensors"),
+        params:
+            models=MODELS,
+            blocks=config["lmd"]["bootstrap_blocks"],
+        wildcard_constraints:
+            part=r"\d+",
+        threads: config["lmd"]["threads"]
+        log:
+            "results/logs/moments/part-{part}.log",
+        shell:
+            "python workflow/scripts/moments.py --params {PARAMS} --embeddings results/embeddings"
+            " --sequences {input.sequences} --part {wildcards.part} --out {output} 2> {log}"
+
+    rule moments:
+        input:
+            parts=expand("results/lmd/parts/part-{part}.safetensors", part=range(SHARD_PARTS)),
+            sequences="results/corpus/sequences.parquet",
+        output:
+            moments="results/lmd/moments.safetensors",
+            blocks="results/lmd/block_moments.safetensors",
+        threads: 1
+        log:
+            "results/logs/moments.log",
+        shell:
+            "python workflow/scripts/moments.py --params {PARAMS} --embeddings results/embeddings"
+            " --sequences {input.sequences} --reduce {input.parts} --out {output.moments}"
+            " --blocks {output.blocks} 2> {log}"
 
 
 rule lmd_fit:
@@ -50,3 +89,19 @@ rule similarity:
     shell:
         "python workflow/scripts/similarity.py --params {PARAMS} --embeddings results/embeddings"
         " --moments {input.moments} --out {output} 2> {log}"
+
+
+rule lmd_layers:
+    input:
+        embeddings=embedding_dirs,
+        sequences="results/corpus/sequences.parquet",
+    output:
+        report("results/lmd/layers.parquet", caption="../report/tables.rst", category="Tables"),
+    params:
+        lmd=config["lmd"],
+    threads: config["lmd"]["threads"]
+    log:
+        "results/logs/lmd_layers.log",
+    shell:
+        "python workflow/scripts/lmd_layers.py --params {PARAMS} --embeddings results/embeddings"
+        " --sequences {input.sequences} --out {output} 2> {log}"

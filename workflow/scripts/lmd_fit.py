@@ -35,4 +35,5 @@ with lmd.blas_threads(cfg["threads"]):
 for rows, path in ((pairwise, args.pairwise), (loo, args.loo), (selection, args.selection)):
     with atomic_path(path) as tmp:
         pq.write_table(pa.Table.from_pylist(rows), tmp)
-write_text(args.metrics, json.dumps(lmd.summary_metrics(pairwise, loo), indent=2, sort_keys=True) + "\n")
+metrics = {**lmd.summary_metrics(pairwise, loo), "rows": moments.info}  # rows: sequences, or words kept/dropped
+write_text(args.metrics, json.dumps(metrics, indent=2, sort_keys=True) + "\n")

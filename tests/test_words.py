@@ -1,0 +1,248 @@
+"""Word-level rows: word spans, subword-to-word alignment for WordPiece, byte-level BPE and
+Unigram tokenizers on hand-made strings, and word embeddings aligned across two models with
+different tokenizers, each against hand-listed expectations or an explicit loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models as tok_models, normalizers, pre_tokenizers
+from tokenizers.processors import TemplateProcessing
+
+from lmdecomp import embed, lmd, shards, words
+from lmdecomp import models as lmd_models
+
+# Accents (ü, é, ï), an apostrophe, punctuation, and words cut into several pieces.
+TEXT = "Zürich's unaffable café, naïvely!"
+WORDS = ["Zürich", "'", "s", "unaffable", "café", ",", "naïvely", "!"]
+
+
+def wordpiece() -> Tokenizer:
+    vocab = ["[UNK]", "[CLS]", "[SEP]", "zurich", "'", "s", "un", "##aff", "##able", "cafe", ",", "na", "##ive",
+             "##ly", "!"]
+    tok = Tokenizer(tok_models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    return tok
+
+
+def byte_bpe(specials: tuple[str, ...] = ()) -> Tokenizer:
+    vocab = {c: i for i, c in enumerate([*specials, *sorted(pre_tokenizers.ByteLevel.alphabet())])}
+    merges = [("Ġ", "u"), ("Ġu", "n"), ("a", "f"), ("af", "f"), ("'", "s"), ("Ã", "©")]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    tok = Tokenizer(tok_models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return tok
+
+
+def unigram() -> Tokenizer:
+    pieces = [("<unk>", 0.0), ("▁", -3.0), ("▁Zürich", -2.0), ("'", -3.0), ("s", -3.0), ("▁un", -2.0), ("aff", -2.0),
+              ("able", -2.0), ("▁caf", -2.0), ("é", -3.0), (",", -3.0), ("▁na", -2.0), ("ï", -3.0), ("ve", -2.0),
+              ("ly", -2.0), ("!", -3.0)]
+    tok = Tokenizer(tok_models.Unigram(pieces, unk_id=0, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    return tok
+
+
+# Per word, the tokens that belong to it, written out by hand from each tokenizer's pieces.
+EXPECTED = {
+    "wordpiece": [["zurich"], ["'"], ["s"], ["un", "##aff", "##able"], ["cafe"], [","], ["na", "##ive", "##ly"], ["!"]],
+    # byte-level: ü and ï are two byte tokens each with the same character span; "'s" is one
+    # token over the words "'" and "s"; a lone "Ġ" (a space) belongs to no word.
+    "bpe": [["Z", "Ã", "¼", "r", "i", "c", "h"], ["'s"], ["'s"], ["Ġun", "aff", "a", "b", "l", "e"],
+            ["c", "af", "Ã©"], [","], ["n", "a", "Ã", "¯", "v", "e", "l", "y"], ["!"]],
+    "unigram": [["▁Zürich"], ["'"], ["s"], ["▁un", "aff", "able"], ["▁caf", "é"], [","], ["▁na", "ï", "ve", "ly"],
+                ["!"]],
+}
+TOKENIZERS = {"wordpiece": wordpiece, "bpe": byte_bpe, "unigram": unigram}
+
+
+def groups(spans, encoding, keep: int | None = None):
+    offsets = encoding.offsets[:keep]
+    word, token = words.token_word_pairs(spans, offsets, truncated=keep is not None)
+    out = [[] for _ in spans]
+    for w, t in zip(word, token):
+        out[w].append(encoding.tokens[t])
+    return out
+
+
+def test_word_spans_cut_whitespace_and_every_punctuation_mark():
+    spans = words.word_spans(TEXT)
+    assert [TEXT[a:b] for a, b in spans] == WORDS
+    assert words.word_spans("  ").shape == (0, 2)
+    assert [("a.b" + " ")[a:b] for a, b in words.word_spans("a.b ")] == ["a", ".", "b"]
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENIZERS))
+def test_tokens_are_assigned_to_the_words_they_overlap(kind):
+    spans = words.word_spans(TEXT)
+    assert groups(spans, TOKENIZERS[kind]().encode(TEXT)) == EXPECTED[kind]
+
+
+@pytest.mark.parametrize("kind,keep,covered", [
+    # WordPiece cut after "##aff" ([CLS] zurich ' s un ##aff): "unaffable" lost its tail
+    ("wordpiece", 6, 3),
+    # BPE cut inside "café" (…, Ġ, c, af): café is dropped, unaffable is whole
+    ("bpe", 17, 4),
+    # Unigram cut after "▁na", "ï": naïvely is dropped
+    ("unigram", 11, 6),
+])
+def test_words_a_truncation_cuts_are_dropped_whole(kind, keep, covered):
+    spans = words.word_spans(TEXT)
+    got = groups(spans, TOKENIZERS[kind]().encode(TEXT), keep=keep)
+    assert got[:covered] == EXPECTED[kind][:covered]
+    assert got[covered:] == [[] for _ in WORDS[covered:]]
+
+
+def test_special_tokens_and_empty_texts_give_no_pairs():
+    word, token = words.token_word_pairs(words.word_spans("hi"), [(0, 0), (0, 0)], truncated=False)
+    assert len(word) == len(token) == 0
+    word, token = words.token_word_pairs(words.word_spans(""), [(0, 0)], truncated=False)
+    assert len(word) == 0
+
+
+# ------------------------------------------------------------------ embeddings per word
+
+SENTENCES = [
+    "Zürich's unaffable café, naïvely!",
+    "Markets rose sharply on Tuesday after the central bank held rates.",
+    "Ok.",
+    "Punctuation!?; and (brackets) [too] -- with naïve accents: déjà vu.",
+    "Numbers like 3.14159 and 2,718 appear in long, long, long, long sentences that get truncated.",
+]
+
+
+@pytest.fixture(scope="module")
+def bpe_model_dir(tmp_path_factory):
+    """A tiny RoBERTa with the byte-level BPE tokenizer above (a different tokenizer from the
+    WordPiece of ``tiny_model_dir``)."""
+    from transformers import PreTrainedTokenizerFast, RobertaConfig, RobertaModel
+
+    folder = tmp_path_factory.mktemp("tiny-roberta")
+    tok = byte_bpe(specials=("<s>", "<pad>", "</s>", "<unk>"))
+    tok.post_processor = TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+    config = RobertaConfig(vocab_size=tok.get_vocab_size(), hidden_size=24, num_hidden_layers=2,
+                           num_attention_heads=2, intermediate_size=48, max_position_embeddings=160, pad_token_id=1)
+    torch.manual_seed(7)
+    RobertaModel(config).eval().save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture()
+def sentences(tmp_path):
+    import pyarrow as pa
+
+    from lmdecomp import corpus
+
+    n = len(SENTENCES)
+    table = pa.table({
+        "seq_id": pa.array(np.arange(n, dtype=np.int64) * 3),
+        "split": ["train", "val", "test", "train", "test"],
+        "text": SENTENCES,
+        "n_tokens": pa.array([1] * n, type=pa.int32()),
+        "source": ["t"] * n,
+        "doc_id": [str(i) for i in range(n)],
+        "char_start": pa.array([0] * n, type=pa.int64()),
+        "char_end": pa.array([len(t) for t in SENTENCES], type=pa.int64()),
+    }, schema=corpus.SEQUENCES_SCHEMA)
+    path = tmp_path / "sequences.parquet"
+    corpus.write_sequences(table, path)
+    return path
+
+
+def reference_words(folder, text: str, layer: int, max_length: int) -> dict[int, np.ndarray]:
+    """Word vectors of one sentence by an explicit loop: unbatched forward pass, then for every
+    word the mean of the tokens whose character span overlaps it, if the word is complete."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
+    enc = tok(text, truncation=True, max_length=max_length, return_offsets_mapping=True, return_tensors="pt")
+    offsets = enc.pop("offset_mapping")[0].tolist()
+    was_cut = len(tok(text)["input_ids"]) > max_length
+    with torch.no_grad():
+        h = model(**enc, output_hidden_states=True).hidden_states[layer][0].double().numpy()
+    last_end = max(b for a, b in offsets if b > a)
+    out = {}
+    for w, (start, end) in enumerate(words.word_spans(text).tolist()):
+        if was_cut and end > last_end:
+            continue
+        members = [t for t, (a, b) in enumerate(offsets) if b > a and max(a, start) < min(b, end)]
+        if members:
+            out[w] = sum(h[t] for t in members) / len(members)
+    return out
+
+
+def test_word_rows_match_an_explicit_loop_and_align_across_tokenizers(tiny_model_dir, bpe_model_dir, sentences,
+                                                                       tmp_path):
+    cfg = {"layer": -1, "layers": [0], "granularity": "word", "pooling": "mean", "batch_tokens": 200,
+           "shard_rows": 2, "threads": 1, "device": "cpu", "dtype": "float32"}
+    limits = {"wordpiece": 16, "bpe": 60}
+    folders = {"wordpiece": tiny_model_dir, "bpe": bpe_model_dir}
+    expected_keys = {}
+    for name, folder in folders.items():
+        ref = lmd_models.resolve({"name": name, "path": str(folder)})
+        manifest = embed.embed_model(ref, sentences, tmp_path / name, {**cfg, "max_length": limits[name]},
+                                     progress=False)
+        parts = list(shards.iter_shards(tmp_path / name, columns=["embedding", "hidden_0"]))
+        assert [e["sequences"] for e in manifest["shards"]] == [2, 2, 1]
+        keys = [(int(s), int(w)) for p in parts for s, w in zip(p.seq_id, p.word_idx)]
+        assert keys == sorted(keys)
+        got = {k: (e, h0) for p in parts for k, e, h0 in zip(
+            zip(p.seq_id.tolist(), p.word_idx.tolist()), p.columns["embedding"], p.columns["hidden_0"])}
+        expected_keys[name] = set()
+        for i, text in enumerate(SENTENCES):
+            last = reference_words(folder, text, -1, limits[name])
+            first = reference_words(folder, text, 0, limits[name])
+            for w, vec in last.items():
+                expected_keys[name].add((3 * i, w))
+                np.testing.assert_allclose(got[3 * i, w][0], vec, atol=3e-5)
+                np.testing.assert_allclose(got[3 * i, w][1], first[w], atol=3e-5)
+        assert set(got) == expected_keys[name]
+        n_words = sum(len(words.word_spans(t)) for t in SENTENCES)
+        assert manifest["words"] == n_words
+        assert manifest["words_truncated"] == n_words - len(expected_keys[name]) > 0
+        assert manifest["layers"] == [0, 2] and manifest["granularity"] == "word"
+
+    # LMD keeps the words both models have, and says how many it dropped.
+    common = expected_keys["wordpiece"] & expected_keys["bpe"]
+    assert common != expected_keys["wordpiece"] and common != expected_keys["bpe"]
+    moments = lmd.accumulate_moments({n: tmp_path / n for n in folders})
+    split_of = {3 * i: s for i, s in enumerate(["train", "val", "test", "train", "test"])}
+    for split in lmd.SPLITS:
+        assert moments.n[split] == sum(split_of[s] == split for s, _ in common)
+    assert moments.info == {"granularity": "word", "words": n_words, "words_kept": len(common),
+                            "words_dropped": n_words - len(common)}
+    # ...and the cross-products are those of the aligned rows, in float64.
+    rows = {n: {k: v for p in shards.iter_shards(tmp_path / n) for k, v in
+                zip(zip(p.seq_id.tolist(), p.word_idx.tolist()), p.embedding)} for n in folders}
+    train = sorted(k for k in common if split_of[k[0]] == "train")
+    x = np.array([np.concatenate([rows["wordpiece"][k], rows["bpe"][k]]) for k in train], dtype=np.float64)
+    np.testing.assert_allclose(moments.cross["train"], x.T @ x, rtol=1e-10, atol=1e-10)
+    blocks = lmd.accumulate_block_moments({n: tmp_path / n for n in folders}, rows_per_block=2)
+    assert len(blocks) == 3  # 5 sentences in blocks of 2 (a word row goes with its sentence)
+    np.testing.assert_allclose(blocks.total().cross["train"], x.T @ x, rtol=1e-10, atol=1e-10)
+
+
+def test_word_granularity_needs_mean_pooling(tiny_model_dir, sentences, tmp_path):
+    ref = lmd_models.resolve({"name": "t", "path": str(tiny_model_dir)})
+    cfg = {"layer": -1, "granularity": "word", "pooling": "cls", "max_length": 16, "batch_tokens": 200,
+           "shard_rows": 2, "threads": 1, "device": "cpu", "dtype": "float32"}
+    with pytest.raises(embed.EmbedError, match="pooling must be mean"):
+        embed.embed_model(ref, sentences, tmp_path / "out", cfg, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_sequence_and_word_rows_do_not_mix(tiny_model_dir, sentences, tmp_path):
+    ref = lmd_models.resolve({"name": "t", "path": str(tiny_model_dir)})
+    base = {"layer": -1, "pooling": "mean", "max_length": 16, "batch_tokens": 200, "shard_rows": 2, "threads": 1,
+            "device": "cpu", "dtype": "float32"}
+    embed.embed_model(ref, sentences, tmp_path / "seq", base, progress=False)
+    embed.embed_model(ref, sentences, tmp_path / "word", {**base, "granularity": "word"}, progress=False)
+    with pytest.raises(lmd.LMDError, match="same embed.granularity"):
+        lmd.accumulate_moments({"a": tmp_path / "seq", "b": tmp_path / "word"})
