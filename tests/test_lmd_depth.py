@@ -268,3 +268,24 @@ def test_greedy_selection_picks_the_planted_models_first():
         assert row["val_r2"] == pytest.approx(scores[row["added_model"]], abs=1e-9)
         basis.append(row["added_model"])
     assert len(lmd.greedy_selection(m, "u", [0.01, 1.0], max_k=2)) == 2
+
+
+def test_selection_intervals_are_the_bootstrap_of_each_steps_basis():
+    rng = np.random.default_rng(16)
+    n, names = 1200, ["m0", "m1", "m2", "u"]
+    xs = [rng.normal(size=(n, w)) for w in (4, 3, 5)]
+    u = xs[0] @ rng.normal(size=(4, 3)) + xs[2] @ rng.normal(size=(5, 3)) + rng.normal(size=(n, 3))
+    split = rng.choice(SPLIT_NAMES, size=n, p=[0.6, 0.2, 0.2])
+    edges = np.linspace(0, n, 21).astype(int)
+    blocks = lmd.BlockMoments.from_moments(
+        [moments_of([x[lo:hi] for x in [*xs, u]], names, split[lo:hi]) for lo, hi in zip(edges[:-1], edges[1:])])
+    rows = lmd.greedy_selection(blocks.total(), "u", [0.01, 1.0])
+    got = lmd.add_selection_intervals(rows, blocks, n_boot=40, level=0.8, seed=2)
+    basis = []
+    for row in got:
+        basis.append(row["added_model"])
+        for s in ("val", "test"):
+            lo, hi = lmd.bootstrap_r2(blocks, basis, "u", row["alpha"], n_boot=40, seed=2, level=0.8, split=s)
+            assert (row[f"{s}_r2_lo"], row[f"{s}_r2_hi"]) == pytest.approx((lo, hi), abs=1e-10)
+            assert row[f"{s}_r2_lo"] <= row[f"{s}_r2"] <= row[f"{s}_r2_hi"]
+    assert [r["k"] for r in got] == [1, 2, 3]

@@ -142,6 +142,7 @@ def test_snakemake_smoke_writes_every_artifact(snakemake_run, repo_root):
     assert ((loo["r2_lo"] <= loo["r2"]) & (loo["r2"] <= loo["r2_hi"]) & (loo["r2_lo"] < loo["r2_hi"])).all()
     selection = pl.read_parquet(work / "results/lmd/selection.parquet")
     assert selection.height == 3 * 2 and set(selection["k"]) == {1, 2}
+    assert ((selection["test_r2_lo"] <= selection["test_r2"]) & (selection["test_r2"] <= selection["test_r2_hi"])).all()
     similarity = pl.read_parquet(work / "results/lmd/similarity.parquet")
     assert similarity.height == 3 and ((similarity["cka"] > 0) & (similarity["cka"] <= 1)).all()
 

@@ -869,6 +869,26 @@ def add_confidence_intervals(
     return out
 
 
+def add_selection_intervals(
+    selection: list[dict], blocks: BlockMoments, n_boot: int, level: float, seed: int
+) -> list[dict]:
+    """Give every :func:`greedy_selection` row ``val_r2_lo``/``val_r2_hi`` and
+    ``test_r2_lo``/``test_r2_hi``: bootstrap intervals of the fit on the models selected up to
+    its step (one bootstrap per row for both splits, centred as :func:`centred_interval`). The
+    path itself is taken as fixed: the intervals do not cover the selection's own variability."""
+    out = []
+    for row in selection:
+        basis = [r["added_model"] for r in selection if r["target"] == row["target"] and r["k"] <= row["k"]]
+        samples = bootstrap_r2_samples(blocks, basis, row["target"], row["alpha"], n_boot=n_boot, seed=seed,
+                                       split=["val", "test"])
+        extra = {}
+        for split in ("val", "test"):
+            lo, hi = centred_interval(samples[split], row[f"{split}_r2"], level)
+            extra.update({f"{split}_r2_lo": lo, f"{split}_r2_hi": hi})
+        out.append({**row, **extra})
+    return out
+
+
 def rows_per_block(sequences: str | Path, n_blocks: int) -> int:
     """Rows per bootstrap block so that the corpus splits into ``n_blocks`` blocks of consecutive
     sequences; the block count, not the corpus size, bounds the size of the block moments."""

@@ -95,12 +95,15 @@ def selection_curves(selection: pl.DataFrame, path: str | Path) -> None:
         colour = f"C{i % 10}"
         ax.plot(rows["k"], rows["val_r2"], marker="o", color=colour, label=target)
         ax.plot(rows["k"], rows["test_r2"], linestyle="--", color=colour, alpha=0.6)
+        if "test_r2_lo" in rows.columns:
+            ax.fill_between(rows["k"], rows["test_r2_lo"], rows["test_r2_hi"], color=colour, alpha=0.12, linewidth=0)
         first = rows.row(0, named=True)
         ax.annotate(first["added_model"], (1, first["val_r2"]), fontsize=7, xytext=(4, -3),
                     textcoords="offset points", color=colour)
     ax.set_xlabel("basis models selected (k)")
     ax.set_ylabel("R² (solid: val, dashed: test)")
-    ax.set_title("Greedy basis selection per target")
+    ax.set_title("Greedy basis selection per target"
+                 + ("\n(bands: bootstrap interval of test R²)" if "test_r2_lo" in selection.columns else ""))
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=8, title="target", loc="lower right")
     _save(fig, path)

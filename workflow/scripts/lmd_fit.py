@@ -17,7 +17,8 @@ parser.add_argument("--moments", required=True)
 parser.add_argument("--blocks", required=True)
 parser.add_argument("--pairwise", required=True, help="output Parquet: basis, target, split, r2, alpha, r2_lo, r2_hi")
 parser.add_argument("--loo", required=True, help="output Parquet: target, split, r2, alpha, r2_lo, r2_hi")
-parser.add_argument("--selection", required=True, help="output Parquet: target, k, added_model, alpha, val_r2, test_r2")
+parser.add_argument("--selection", required=True,
+                    help="output Parquet: target, k, added_model, alpha, val_r2, test_r2 (+ _lo/_hi intervals)")
 parser.add_argument("--metrics", required=True, help="output JSON (DVC metrics)")
 args = parser.parse_args()
 
@@ -32,6 +33,8 @@ with lmd.blas_threads(cfg["threads"]):
         pairwise = lmd.add_confidence_intervals(pairwise, blocks, **ci)
         loo = lmd.add_confidence_intervals(loo, blocks, **ci)
     selection = [row for target in moments.names for row in lmd.greedy_selection(moments, target, cfg["alpha"])]
+    if cfg["bootstrap"] > 0:
+        selection = lmd.add_selection_intervals(selection, blocks, **ci)
 for rows, path in ((pairwise, args.pairwise), (loo, args.loo), (selection, args.selection)):
     with atomic_path(path) as tmp:
         pq.write_table(pa.Table.from_pylist(rows), tmp)
