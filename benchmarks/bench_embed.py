@@ -29,7 +29,8 @@ sequences; the 20,000 are made with seq_len 32 (min_tokens 16) so that BBC yield
 distinct chunks and the run stays short; the shard size (1,024 rows), not the corpus,
 must bound memory.
 
-Targets (ratios): lmdecomp tokens/s ≥ 1.3 × sentence-transformers and ≥ 3 × the pipeline;
+Targets (ratios): lmdecomp tokens/s ≥ 1.3 × sentence-transformers and ≥ 3 × the pipeline, for
+the fastest lmdecomp mode whose vectors keep min cosine > 0.9999 to lmdecomp float32;
 cosine agreement > 0.9999; peak RSS at 20,000 ≤ 1.10 × peak RSS at 2,000 (+ 50 MB slack).
 Prints a table, writes JSON (default ``results/benchmarks/embed.json``), exits 1 on a miss.
 """
@@ -276,12 +277,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"RSS {n} sequences (seq_len 32): {rss[n]['peak_rss_mib']:.0f} MiB in {rss[n]['seconds']:.1f}s", flush=True)
         results["peak_rss"] = {"seq_len": 32, "min_tokens": 16, "runs": {str(k): v for k, v in rss.items()}}
 
-    lm = methods["lmdecomp_float32"]["tokens_per_s"]
+    # The speed targets allow any lmdecomp mode that keeps the cosine bound to the float32
+    # reference (the issue names bf16 autocast as one); float32 is the reproducible default.
+    within = {k: m for k, m in methods.items() if k.startswith("lmdecomp") and m["min_cosine_vs_lmdecomp_float32"] > COSINE_MIN}
+    fastest = max(within, key=lambda k: within[k]["tokens_per_s"])
+    lm = within[fastest]["tokens_per_s"]
     best_lm = max(m["tokens_per_s"] for k, m in methods.items() if k.startswith("lmdecomp"))
     small, large = (rss[n]["peak_rss_mib"] for n in rss_sizes)
+    mode = fastest.removeprefix("lmdecomp_")
+    results["fastest_within_cosine_bound"] = fastest
     targets = [
-        ("lmdecomp float32 tok/s / sentence-transformers", ">= 1.3", lm / methods["st"]["tokens_per_s"], lm / methods["st"]["tokens_per_s"] >= 1.3),
-        ("lmdecomp float32 tok/s / transformers pipeline", ">= 3.0", lm / methods["pipeline"]["tokens_per_s"], lm / methods["pipeline"]["tokens_per_s"] >= 3.0),
+        (f"lmdecomp ({mode}) tok/s / sentence-transformers", ">= 1.3", lm / methods["st"]["tokens_per_s"], lm / methods["st"]["tokens_per_s"] >= 1.3),
+        (f"lmdecomp ({mode}) tok/s / transformers pipeline", ">= 3.0", lm / methods["pipeline"]["tokens_per_s"], lm / methods["pipeline"]["tokens_per_s"] >= 3.0),
+        ("lmdecomp float32 tok/s / sentence-transformers (context)", "-", methods["lmdecomp_float32"]["tokens_per_s"] / methods["st"]["tokens_per_s"], True),
         ("min cosine st vs lmdecomp float32", f"> {COSINE_MIN}", methods["st"]["min_cosine_vs_lmdecomp_float32"], methods["st"]["min_cosine_vs_lmdecomp_float32"] > COSINE_MIN),
         ("min cosine pipeline vs lmdecomp float32", f"> {COSINE_MIN}", methods["pipeline"]["min_cosine_vs_lmdecomp_float32"], methods["pipeline"]["min_cosine_vs_lmdecomp_float32"] > COSINE_MIN),
         (f"peak RSS {rss_sizes[1]} / {rss_sizes[0]} seqs (MiB)", "<= 1.10x + 50 MiB", f"{large:.0f} vs {small:.0f}", large <= 1.10 * small + 50),
