@@ -47,6 +47,31 @@ def tiny_model_dir(tmp_path_factory, minilm_folder) -> Path:
     return folder
 
 
+def write_sequences(path: Path, texts, splits, seq_ids) -> Path:
+    """A sequences.parquet of hand-made texts, written through the corpus step's writer."""
+    import numpy as np
+    import pyarrow as pa
+
+    from lmdecomp import corpus
+
+    n = len(texts)
+    table = pa.table(
+        {
+            "seq_id": pa.array(np.asarray(seq_ids), type=pa.int64()),
+            "split": list(splits),
+            "text": list(texts),
+            "n_tokens": pa.array([1] * n, type=pa.int32()),
+            "source": ["t"] * n,
+            "doc_id": [str(i) for i in range(n)],
+            "char_start": pa.array([0] * n, type=pa.int64()),
+            "char_end": pa.array([len(t) for t in texts], type=pa.int64()),
+        },
+        schema=corpus.SEQUENCES_SCHEMA,
+    )
+    corpus.write_sequences(table, path)
+    return path
+
+
 def write_embeddings(folder: Path, name: str, ids, splits, emb, rows_per_shard: int) -> None:
     """A model's embedding folder written through the real shard writer, with its manifest."""
     from lmdecomp import shards

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from lmdecomp import corpus, embed, models, shards
+from conftest import write_sequences
+from lmdecomp import embed, models, shards
 
 TEXTS = [
     "A short one.",
@@ -24,25 +25,8 @@ TEXTS = [
 
 @pytest.fixture()
 def sequences(tmp_path):
-    import pyarrow as pa
-
-    n = len(TEXTS)
-    table = pa.table(
-        {
-            "seq_id": pa.array(np.arange(n) * 10, type=pa.int64()),
-            "split": ["train", "val", "test", "train", "train", "val", "test"],
-            "text": TEXTS,
-            "n_tokens": pa.array([1] * n, type=pa.int32()),
-            "source": ["t"] * n,
-            "doc_id": [str(i) for i in range(n)],
-            "char_start": pa.array([0] * n, type=pa.int64()),
-            "char_end": pa.array([len(t) for t in TEXTS], type=pa.int64()),
-        },
-        schema=corpus.SEQUENCES_SCHEMA,
-    )
-    path = tmp_path / "sequences.parquet"
-    corpus.write_sequences(table, path)
-    return path
+    return write_sequences(tmp_path / "sequences.parquet", TEXTS,
+                           ["train", "val", "test", "train", "train", "val", "test"], np.arange(len(TEXTS)) * 10)
 
 
 def cfg(**over):

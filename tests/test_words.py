@@ -10,6 +10,7 @@ import torch
 from tokenizers import Tokenizer, models as tok_models, normalizers, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
 
+from conftest import write_sequences
 from lmdecomp import embed, lmd, shards, words
 from lmdecomp import models as lmd_models
 
@@ -136,24 +137,8 @@ def bpe_model_dir(tmp_path_factory):
 
 @pytest.fixture()
 def sentences(tmp_path):
-    import pyarrow as pa
-
-    from lmdecomp import corpus
-
-    n = len(SENTENCES)
-    table = pa.table({
-        "seq_id": pa.array(np.arange(n, dtype=np.int64) * 3),
-        "split": ["train", "val", "test", "train", "test"],
-        "text": SENTENCES,
-        "n_tokens": pa.array([1] * n, type=pa.int32()),
-        "source": ["t"] * n,
-        "doc_id": [str(i) for i in range(n)],
-        "char_start": pa.array([0] * n, type=pa.int64()),
-        "char_end": pa.array([len(t) for t in SENTENCES], type=pa.int64()),
-    }, schema=corpus.SEQUENCES_SCHEMA)
-    path = tmp_path / "sequences.parquet"
-    corpus.write_sequences(table, path)
-    return path
+    return write_sequences(tmp_path / "sequences.parquet", SENTENCES, ["train", "val", "test", "train", "test"],
+                           np.arange(len(SENTENCES)) * 3)
 
 
 def reference_words(folder, text: str, layer: int, max_length: int) -> dict[int, np.ndarray]:

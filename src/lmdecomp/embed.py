@@ -240,6 +240,14 @@ def embed_model(
                 )
                 features = {k: v.to(device) for k, v in features.items()}
                 hidden = model(**features, output_hidden_states=True).hidden_states
+                if granularity == "word":
+                    # per row of the batch: its covered words, and for each (word, token) pair
+                    # the word's slot and the token's position
+                    members = []
+                    for i in rows:
+                        word, token = words.token_word_pairs(spans[i], encoded["offset_mapping"][i], cut[i])
+                        word_ids[i], slot = np.unique(word, return_inverse=True)
+                        members.append((torch.as_tensor(slot, device=device), torch.as_tensor(token, device=device)))
                 for k in (layer, *extra_layers):
                     states = hidden[k].float()
                     if granularity == "sequence":
@@ -248,14 +256,11 @@ def embed_model(
                             vectors[i][k] = pooled[j : j + 1]
                         continue
                     for j, i in enumerate(rows):
-                        word, token = words.token_word_pairs(spans[i], encoded["offset_mapping"][i], cut[i])
-                        kept, slot = np.unique(word, return_inverse=True)
-                        slot_t = torch.as_tensor(slot, device=states.device)
-                        sums = torch.zeros(len(kept), states.shape[-1], device=states.device)
-                        sums.index_add_(0, slot_t, states[j, torch.as_tensor(token, device=states.device)])
-                        counts = torch.bincount(slot_t, minlength=len(kept)).clamp(min=1).unsqueeze(1)
+                        slot, token = members[j]
+                        sums = torch.zeros(len(word_ids[i]), states.shape[-1], device=device)
+                        sums.index_add_(0, slot, states[j, token])
+                        counts = torch.bincount(slot, minlength=len(word_ids[i])).clamp(min=1).unsqueeze(1)
                         vectors[i][k] = (sums / counts).cpu().numpy()
-                        word_ids[i] = kept
                 bar.update(len(rows))
         rows_per_seq = [len(v[layer]) for v in vectors]
         columns = {k: np.concatenate([v[k] for v in vectors]).astype(np.float32) for k in (layer, *extra_layers)}

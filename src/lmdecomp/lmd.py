@@ -666,11 +666,6 @@ def reduce_block_moments(parts: Sequence[BlockMoments]) -> BlockMoments:
     return out
 
 
-def aligned_folders(sources: Mapping[str, "str | Path | tuple[str | Path, str]"]) -> list[Path]:
-    """The embedding folders behind ``sources`` (as :func:`aligned_shards` takes them), in order."""
-    return list(dict.fromkeys(Path(v[0]) if isinstance(v, tuple) else Path(v) for v in sources.values()))
-
-
 def bootstrap_weights(n_blocks: int, n_boot: int, seed: int = 0) -> np.ndarray:
     """(n_boot, n_blocks) int multiplicities: each row draws n_blocks blocks with replacement."""
     rng = np.random.default_rng(seed)
