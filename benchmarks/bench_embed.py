@@ -24,7 +24,7 @@ Achieved GFLOP/s, with d = 384, L = 6 layers, P = non-embedding encoder paramete
 
 against the float32 matmul peak measured in the same run (2048×2048 @ 2048×2048, 2 threads).
 
-Peak memory: embed_model in a fresh subprocess (ru_maxrss) on 2,000 and on 20,000
+Peak memory: embed_model in a fresh subprocess (VmHWM) on 2,000 and on 20,000
 sequences; the 20,000 are made with seq_len 32 (min_tokens 16) so that BBC yields enough
 distinct chunks and the run stays short; the shard size (1,024 rows), not the corpus,
 must bound memory.
@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
+from peak_memory import peak_rss_mib  # noqa: E402
 import torch  # noqa: E402
 
 THREADS = 2
@@ -173,12 +173,12 @@ def bf16_drift_r2(fp32_dir: Path, bf16_dir: Path) -> dict:
 
 
 def child_rss(sequences: str, out: str) -> None:
-    """Fresh-process mode: embed and print peak RSS (ru_maxrss, MiB) as JSON."""
+    """Fresh-process mode: embed and print peak RSS (VmHWM, MiB) as JSON."""
     from lmdecomp.models import resolve
 
     torch.set_num_threads(THREADS)
     seconds, manifest = run_lmdecomp(resolve(MODEL), Path(sequences), Path(out), "float32")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_mib()
     print(json.dumps({"rows": manifest["rows"], "tokens": manifest["tokens"], "seconds": seconds,
                       "peak_rss_mib": peak}))
 

@@ -7,9 +7,10 @@ through lmdecomp.shards, as the embed step writes them. Joint width W = 12 × 76
 
 Timed in one run, on 2 threads:
 
-* ``lmdecomp``  :func:`lmd.accumulate_moments` (one pass over all shards) + all 132
-  pairwise and 12 leave-one-out ridge fits (:func:`lmd.fit_pairwise`,
-  :func:`lmd.fit_leave_one_out`, one α = 1e-3) with R² on train/val/test.
+* ``lmdecomp``  :func:`lmd.accumulate_moments` (one pass over all shards, one in-place dsyrk
+  per 2,048 rows of a split) + all 132 pairwise and 12 leave-one-out ridge fits
+  (:func:`lmd.fit_pairwise`: one Cholesky per basis model; :func:`lmd.fit_leave_one_out`: one
+  inverse of the regularised joint scatter for all 12; one α = 1e-3) with R² on train/val/test.
 * ``baseline``  the straightforward per-fit implementation from embeddings held in memory
   (torch, float64): for every fit ``torch.cov`` of [z | u] on train + ``torch.linalg.solve``,
   R² from the residuals of every split. Only a subset of its fits is timed (3 pairwise,
@@ -18,12 +19,9 @@ Timed in one run, on 2 threads:
 * ``floor``     one symmetric rank-k update of the joint W × W cross-product over all rows
   at the same precision: ``scipy.linalg.blas.dsyrk`` (upper triangle only) on the float64
   joint matrix held in memory.
-* ``prototype`` (labelled so; not lmdecomp code) the accumulation done with one in-place
-  ``dsyrk`` per shard and split into Fortran-ordered upper triangles, to show what the
-  change recommended for ``Moments.update`` gains.
 
 Targets: lmdecomp ≥ 10 × faster than the baseline; lmdecomp total ≤ 1.5 × the floor;
-peak RSS flat in N (fresh subprocesses running accumulate_moments + pairwise fits at two N:
+peak RSS flat in N (fresh subprocesses running accumulate_moments + all fits at two N:
 large ≤ 1.10 × small + 100 MiB). Prints a table, writes JSON (default
 ``results/benchmarks/lmd.json``), exits 1 on a miss.
 """
@@ -34,7 +32,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -45,6 +42,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "2")
 
 import numpy as np  # noqa: E402
+from peak_memory import peak_rss_mib  # noqa: E402
 import torch  # noqa: E402
 
 from lmdecomp import lmd, shards  # noqa: E402
@@ -109,47 +107,19 @@ def timed(fn):
     return time.perf_counter() - start, out
 
 
-# --- prototype (not lmdecomp code): dsyrk accumulation into upper triangles ---------------
-
-def prototype_accumulate(folders) -> lmd.Moments:
-    """PROTOTYPE of the recommended Moments.update: one in-place dsyrk per shard and split."""
-    from scipy.linalg.blas import dsyrk
-
-    aligned = lmd.aligned_shards(folders)
-    model_names, dims, rows = aligned.names, aligned.dims, aligned.rows
-    width = sum(dims)
-    n = {s: 0 for s in lmd.SPLITS}
-    sums = {s: np.zeros(width) for s in lmd.SPLITS}
-    upper = {s: np.zeros((width, width), order="F") for s in lmd.SPLITS}
-    for split, x, _ in rows:
-        for s in lmd.SPLITS:
-            mask = split == s
-            if not mask.any():
-                continue
-            xs = x[mask] if not mask.all() else x
-            n[s] += xs.shape[0]
-            sums[s] += xs.sum(axis=0)
-            # xs is C-ordered rows × W, so xs.T is a Fortran W × rows view: C += xsᵀxs, no copy.
-            dsyrk(1.0, xs.T, beta=1.0, c=upper[s], trans=0, lower=0, overwrite_c=1)
-    moments = lmd.Moments(model_names, dims)
-    for s in lmd.SPLITS:
-        c = upper[s]
-        full = np.triu(c) + np.triu(c, 1).T
-        moments.n[s], moments.sums[s], moments.cross[s] = n[s], sums[s], np.ascontiguousarray(full)
-    return moments
-
-
 # --- the per-fit baseline ----------------------------------------------------------------
 
 def baseline_fit(x: torch.Tensor, labels: np.ndarray, zi: np.ndarray, ui: np.ndarray) -> dict[str, float]:
-    """Covariance recomputed from the embeddings for this fit; solve; R² per split."""
+    """Covariance recomputed from the embeddings for this fit; solve; R² per split. The ridge is
+    lmdecomp's (each basis model's columns get α × that model's mean variance)."""
     train = torch.from_numpy(labels == "train")
     z, u = x[train][:, zi], x[train][:, ui]
     cov = torch.cov(torch.cat([z, u], dim=1).T)
     p = len(zi)
     s_zz, s_zu = cov[:p, :p], cov[:p, p:]
-    ridge = ALPHA * torch.trace(s_zz) / p
-    w_t = torch.linalg.solve(s_zz + ridge * torch.eye(p, dtype=x.dtype), s_zu)
+    block_mean = torch.diagonal(s_zz).reshape(p // DIM, DIM).mean(dim=1)  # every model is DIM wide
+    ridge = ALPHA * block_mean.repeat_interleave(DIM)
+    w_t = torch.linalg.solve(s_zz + torch.diag(ridge), s_zu)
     b = u.mean(0) - z.mean(0) @ w_t
     r2 = {}
     for s in lmd.SPLITS:
@@ -167,8 +137,9 @@ def child_rss(root: str) -> None:
     with lmd.blas_threads(THREADS):
         moments = lmd.accumulate_moments(folders)
         lmd.fit_pairwise(moments, ALPHA)
+        lmd.fit_leave_one_out(moments, ALPHA)
     print(json.dumps({"rows": sum(moments.n.values()),
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "peak_rss_mib": peak_rss_mib()}))
 
 
 def measure_rss(n_train: int, tmp: Path) -> dict:
@@ -219,22 +190,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmdecomp {n_pairs} pairwise fits: {t_pair:.1f}s", flush=True)
         t_loo, loo = timed(lambda: lmd.fit_leave_one_out(moments, ALPHA))
         print(f"lmdecomp {MODELS} leave-one-out fits: {t_loo:.1f}s", flush=True)
-        t_centred, _ = timed(lambda: moments.centred("train"))
-        # PROTOTYPE (not lmdecomp code): the same fits with centred() computed once per split
-        # (memoised) instead of 4 times per fit on the full W × W matrix.
-        import functools
-
-        moments.centred = functools.lru_cache(maxsize=None)(moments.centred)
-        t_fits_cached, (pair_c, loo_c) = timed(lambda: (lmd.fit_pairwise(moments, ALPHA), lmd.fit_leave_one_out(moments, ALPHA)))
-        cached_diff = max(abs(a["r2"] - b["r2"]) for a, b in zip(pair + loo, pair_c + loo_c))
-        del moments.centred
-        print(f"PROTOTYPE fits with memoised centred(): {t_fits_cached:.1f}s (max |ΔR²| {cached_diff:.1e})", flush=True)
-        t_proto, proto = timed(lambda: prototype_accumulate(folders))
-        proto_diff = max(float(np.max(np.abs(proto.cross[s] - moments.cross[s])) / np.max(np.abs(moments.cross[s])))
-                         for s in lmd.SPLITS)
-        print(f"PROTOTYPE dsyrk accumulation: {t_proto:.1f}s (max rel diff {proto_diff:.2e})", flush=True)
-        del proto
-
         x_np, labels = load_in_memory(n_train)
         t_floor, _ = timed(lambda: __import__("scipy.linalg.blas", fromlist=["dsyrk"]).dsyrk(1.0, x_np.T, trans=0, lower=0))
         print(f"floor: dsyrk over {x_np.shape[0]} × {width}: {t_floor:.1f}s", flush=True)
@@ -261,13 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         res.update({
             "seconds": {"write_shards": t_write, "accumulate_moments": t_acc, "pairwise_all": t_pair,
                         "leave_one_out_all": t_loo, "lmdecomp_total": t_total,
-                        "one_full_centred_call": t_centred, "prototype_dsyrk_accumulate": t_proto,
-                        "prototype_fits_memoised_centred": t_fits_cached,
                         "floor_dsyrk": t_floor, "baseline_sampled_pairwise_3": t_pairs_sample,
                         "baseline_sampled_loo_1": t_loo_sample, "baseline_extrapolated_all_fits": t_base},
-            "prototype_max_rel_diff": proto_diff,
-            "prototype_memoised_max_abs_r2_diff": cached_diff,
-            "prototype_total_dsyrk_plus_memoised": t_proto + t_fits_cached,
             "baseline_vs_lmdecomp_max_abs_r2_diff": max(check),
             "floor_gflops_per_s": sum(split_sizes(n_train).values()) * width**2 / t_floor / 1e9,
             "mean_test_r2": {"pairwise": float(np.mean([r["r2"] for r in pair if r["split"] == "test"])),
@@ -290,9 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, wanted, measured, ok in targets:
         shown = f"{measured:.3f}" if isinstance(measured, float) else measured
         print(f"{name:<50} {wanted:<20} {shown:<16} {'PASS' if ok else 'FAIL'}")
-    print(f"\ndetail: accumulate {t_acc:.1f}s (prototype dsyrk {t_proto:.1f}s), fits {fits:.1f}s "
-          f"(one full-width centred() {t_centred:.2f}s, called 4× per fit; PROTOTYPE memoised {t_fits_cached:.1f}s), floor {t_floor:.1f}s, "
-          f"R² check vs baseline {max(check):.1e}")
+    print(f"\ndetail: accumulate {t_acc:.1f}s, pairwise {t_pair:.1f}s, leave-one-out {t_loo:.1f}s, "
+          f"floor {t_floor:.1f}s, R² check vs baseline {max(check):.1e}")
 
     res["environment"] = {
         "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,

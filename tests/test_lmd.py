@@ -68,6 +68,64 @@ def test_leave_one_out_equals_numpy_lstsq_on_concatenated_basis(data):
             assert rows[target + s] == pytest.approx(r2_direct(z[split == s], blocks[ti][split == s], w, b), abs=1e-8)
 
 
+def ridge_reference(z, u, alpha, widths):
+    """Reference ridge fit on explicit rows: centre, scale each basis model (column widths
+    ``widths``) to unit mean variance, solve with α·n·I, scale the weights back."""
+    zc, uc = z - z.mean(0), u - u.mean(0)
+    scale = np.concatenate([np.full(w, np.sqrt((part**2).mean())) for w, part in
+                            zip(widths, np.split(zc, np.cumsum(widths)[:-1], axis=1))])
+    zs = zc / scale
+    w = (np.linalg.solve(zs.T @ zs + alpha * len(z) * np.eye(z.shape[1]), zs.T @ uc) / scale[:, None]).T
+    return w, u.mean(0) - w @ z.mean(0)
+
+
+@pytest.mark.parametrize("alpha", [0.05, [0.0, 1e-3, 0.05, 1.0]])
+def test_leave_one_out_from_one_joint_inverse_equals_separate_solves(alpha):
+    """Every leave-one-out fit is read off one inverse of the regularised joint scatter; each
+    must equal an explicit ridge solve on its own concatenated basis, on every split, also
+    when the models' scales differ by orders of magnitude."""
+    rng = np.random.default_rng(21)
+    n, widths = 700, [6, 4, 8, 5]
+    blocks = [b * s for b, s in zip(planted(rng, n, widths, noise=1.0), (1.0, 1e3, 1e-2, 30.0))]
+    split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n, p=[0.5, 0.25, 0.25])
+    names = ["a", "b", "c", "d"]
+    m = moments_of(blocks, names, split)
+    rows = lmd.fit_leave_one_out(m, alpha)
+    grid = alpha if isinstance(alpha, list) else [alpha]
+    train = split == "train"
+    for ti, target in enumerate(names):
+        others = [i for i in range(4) if i != ti]
+        z = np.hstack([blocks[i] for i in others])
+        scores = {}
+        for a in grid:  # brute force over the grid: fit on train, score on every split
+            w, b = ridge_reference(z[train], blocks[ti][train], a, [widths[i] for i in others])
+            scores[a] = {s: r2_direct(z[split == s], blocks[ti][split == s], w, b) for s in lmd.SPLITS}
+        chosen = max(grid, key=lambda a: scores[a]["val"])
+        got = {r["split"]: r for r in rows if r["target"] == target}
+        for s in lmd.SPLITS:
+            assert got[s]["alpha"] == chosen
+            assert got[s]["r2"] == pytest.approx(scores[chosen][s], abs=1e-10)
+
+
+def test_leave_one_out_without_ridge_when_the_joint_scatter_is_singular():
+    """α = 0 with fewer train rows than the joint width but more than each basis width: the
+    joint inverse does not exist, each fit still does (one solve per target instead)."""
+    rng = np.random.default_rng(22)
+    widths = [3, 4, 5]
+    blocks = planted(rng, 40, widths)
+    split = np.array(["train"] * 11 + ["val"] * 14 + ["test"] * 15, dtype=object)
+    m = moments_of(blocks, ["a", "b", "c"], split)
+    rows = lmd.fit_leave_one_out(m, 0.0)
+    train = split == "train"
+    for ti, target in enumerate(["a", "b", "c"]):
+        z = np.hstack([blocks[i] for i in range(3) if i != ti])
+        w, b = lstsq_fit(z[train], blocks[ti][train])
+        for r in rows:
+            if r["target"] == target:
+                expected = r2_direct(z[split == r["split"]], blocks[ti][split == r["split"]], w, b)
+                assert r["r2"] == pytest.approx(expected, abs=1e-8)
+
+
 def test_ridge_matches_explicit_centred_solution(data):
     blocks, split = data
     m = moments_of(blocks, ["a", "b", "c"], split)
@@ -77,14 +135,23 @@ def test_ridge_matches_explicit_centred_solution(data):
     z = np.hstack([blocks[0], blocks[2]])[train]
     u = blocks[1][train]
     zc, uc = z - z.mean(0), u - u.mean(0)
+    # Reference: scale each basis model to unit mean variance, ridge with α·I there, unscale.
+    widths = [blocks[0].shape[1], blocks[2].shape[1]]
+    scale = np.concatenate([np.full(w, np.sqrt((part**2).mean())) for w, part in
+                            zip(widths, np.split(zc, np.cumsum(widths)[:-1], axis=1))])
+    zs = zc / scale
     n, p = z.shape
-    lam = alpha * np.trace(zc.T @ zc / n) / p  # relative to the mean basis variance
-    w = np.linalg.solve(zc.T @ zc / n + lam * np.eye(p), zc.T @ uc / n).T
+    w = (np.linalg.solve(zs.T @ zs / n + alpha * np.eye(p), zs.T @ uc / n) / scale[:, None]).T
     np.testing.assert_allclose(fit.weight, w, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(fit.bias, u.mean(0) - w @ z.mean(0), rtol=1e-9, atol=1e-10)
     val = split == "val"
     zv = np.hstack([blocks[0], blocks[2]])[val]
     assert lmd.r_squared(m, fit, "val") == pytest.approx(r2_direct(zv, blocks[1][val], w, fit.bias), abs=1e-10)
+    # so a model's overall scale does not change the fit: only its weights rescale
+    rescaled = lmd.fit_ridge(moments_of([blocks[0] * 1000.0, blocks[1], blocks[2]], ["a", "b", "c"], split),
+                             ["a", "c"], "b", alpha)
+    np.testing.assert_allclose(rescaled.weight[:, :widths[0]] * 1000.0, fit.weight[:, :widths[0]], rtol=1e-7)
+    np.testing.assert_allclose(rescaled.weight[:, widths[0]:], fit.weight[:, widths[0]:], rtol=1e-7)
 
 
 def test_exactly_linear_target_has_r2_one():

@@ -9,12 +9,12 @@ Any fit of a target model u on a basis z (one model, or all others concatenated)
 then solved from blocks of those statistics without re-reading embeddings. With the
 centred scatter S = C − n·μμᵀ (μ = s/n) on the train split:
 
-    W = S_uz (S_zz + λ n I)⁻¹,   b = μ_u − W μ_z,   λ = α · tr(S_zz) / (n · p)
+    W = S_uz (S_zz + diag λ)⁻¹,   b = μ_u − W μ_z,   λ_i = α · tr(S_jj) / p_j  (i in model j)
 
-i.e. the paper's W = Cov(u,z)(Cov(z,z) + λI)⁻¹ with the ridge λ expressed relative to the
-mean variance of the p basis dimensions, so one α suits models of any scale (α = 0 is
-ordinary least squares). Goodness of fit on a split s, pooled over target dimensions, with
-ū_s the mean of the split being scored:
+i.e. the paper's W = Cov(u,z)(Cov(z,z) + αI)⁻¹ with each basis model scaled to unit mean
+variance first, so one α suits models of any scale, no model dominates a concatenated basis
+by its scale alone, and α = 0 is ordinary least squares (:func:`ridge_penalty`). Goodness of
+fit on a split s, pooled over target dimensions, with ū_s the mean of the split being scored:
 
     R² = 1 − Σ‖u − Wz − b‖² / Σ‖u − ū_s‖²
     Σ‖u − Wz − b‖² = tr S_uu − 2 tr(W S_zu) + tr(W S_zz Wᵀ) + n_s ‖μ_u − W μ_z − b‖²
@@ -24,9 +24,10 @@ Moments are additive, so shards can be reduced in any order or in parallel jobs.
 
 Beyond the fixed-α fits:
 
-* :func:`fit_ridge_path` / :func:`select_alpha` — every α of a grid from one ``eigh`` of the
-  train S_zz, the α with the best val R² kept; ``fit_pairwise`` / ``fit_leave_one_out``
-  take such a grid in place of one α.
+* :func:`fit_targets` / :func:`select_alpha` — every target of one basis from one Cholesky
+  per α of a grid, the α with the best val R² kept; ``fit_pairwise`` / ``fit_leave_one_out``
+  take such a grid in place of one α. Leave-one-out fits are blocks of one inverse of the
+  regularised joint scatter (:func:`fit_leave_one_out`).
 * :class:`BlockMoments` / :func:`accumulate_block_moments` / :func:`bootstrap_r2` — moments
   per block of sequences; a bootstrap replicate is a multinomial-weighted sum of blocks.
 * :func:`greedy_selection` — forward selection of basis models on val R².
@@ -40,6 +41,12 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+
+# Imported at load time, not lazily: threadpoolctl (blas_threads) pins only the BLAS
+# libraries already loaded, and scipy brings its own OpenBLAS.
+from scipy.linalg import cho_factor, cho_solve
+from scipy.linalg.blas import dsyrk
+from scipy.linalg.lapack import dpotrf, dpotri
 
 from . import shards
 from .atomic import atomic_path
@@ -64,6 +71,30 @@ def _columns(all_names: Sequence[str], dims: Sequence[int], names: Iterable[str]
     starts = np.cumsum([0, *dims])
     index = {name: i for i, name in enumerate(all_names)}
     return np.concatenate([np.arange(starts[index[n]], starts[index[n] + 1]) for n in names])
+
+
+
+def _syrk_lower(cross: np.ndarray, rows: np.ndarray) -> None:
+    """cross += rowsᵀ rows on the lower triangle of the C-ordered square ``cross``, in place: one
+    BLAS symmetric rank-k update (dsyrk), half the arithmetic of the full product. The upper
+    triangle is left as it was (:func:`_symmetrise_from_lower` completes it)."""
+    # cross.T is the same memory in Fortran order, whose upper triangle is cross's lower one;
+    # rows.T of C-ordered rows is Fortran-ordered: neither is copied.
+    out = dsyrk(1.0, rows.T, beta=1.0, c=cross.T, trans=0, lower=0, overwrite_c=1)
+    if not np.shares_memory(out, cross):
+        raise LMDError("internal: dsyrk did not update the cross-product in place")
+
+
+def _symmetrise_from_lower(a: np.ndarray, block: int = 512) -> None:
+    """Copy the lower triangle of the C-ordered square ``a`` onto its upper one, in place, a
+    band of rows at a time (no width² temporaries)."""
+    width = a.shape[0]
+    for lo in range(0, width, block):
+        hi = min(lo + block, width)
+        a[lo:hi, hi:] = a[hi:, lo:hi].T
+        tile = a[lo:hi, lo:hi]
+        upper = np.triu_indices(hi - lo, 1)
+        tile[upper] = tile.T[upper]
 
 
 @dataclass
@@ -95,11 +126,16 @@ class Moments:
 
     def update(self, split: str, x: np.ndarray) -> None:
         """Add rows ``x`` (rows × width) of one split."""
+        self._add(split, x)
+        _symmetrise_from_lower(self.cross[split])
+
+    def _add(self, split: str, x: np.ndarray) -> None:
+        """Add rows to n, the sums and the lower triangle of the cross-product only."""
         self._centred.pop(split, None)
-        x = np.asarray(x, dtype=np.float64)
+        x = np.ascontiguousarray(x, dtype=np.float64)
         self.n[split] += x.shape[0]
         self.sums[split] += x.sum(axis=0)
-        self.cross[split] += x.T @ x
+        _syrk_lower(self.cross[split], x)
 
     def merge(self, other: "Moments") -> "Moments":
         if other.names != self.names or other.dims != self.dims:
@@ -122,7 +158,10 @@ class Moments:
         cached = self._centred.get(split)
         if cached is None or cached[0] != n:
             mean = self.sums[split] / n
-            cached = (n, mean, self.cross[split] - n * np.outer(mean, mean))
+            root_n_mean = np.sqrt(n) * mean
+            scatter = np.multiply.outer(root_n_mean, -root_n_mean)  # −n μμᵀ, exactly symmetric
+            scatter += self.cross[split]
+            cached = (n, mean, scatter)
             self._centred[split] = cached
         return cached
 
@@ -201,6 +240,7 @@ def aligned_shards(
                 "from the same sequences.parquet with the same embed.shard_rows"
             )
     dims = [int(manifests[folder]["dim"]) for folder, _ in parsed.values()]
+    bounds, width = np.cumsum([0, *dims]), sum(dims)
     n_shards = len(layout[first])
     lo, hi = shard_range or (0, n_shards)
     if not 0 <= lo < hi <= n_shards:
@@ -234,24 +274,46 @@ def aligned_shards(
                             "different seq_id sets in the same shard; re-embed both from the same sequences.parquet"
                         )
                 select = {f: slice(None) for f in folders}
-            x = np.concatenate([parts[f].columns[c][select[f]].astype(np.float64) for f, c in parsed.values()],
-                               axis=1)
-            yield base.split[select[first]], x, base.seq_id[select[first]]
+            split = base.split[select[first]]
+            x = np.empty((len(split), width))  # filled block by block: one float32 → float64 copy
+            for (f, c), start, stop in zip(parsed.values(), bounds[:-1], bounds[1:]):
+                x[:, start:stop] = parts[f].columns[c][select[f]]
+            yield split, x, base.seq_id[select[first]]
 
     return AlignedShards(names, dims, n_shards, rows(), info, [0, *np.cumsum(sequences).tolist()])
 
 
-def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False) -> Moments:
-    """One streaming pass over the shards of all models, aligned on seq_id, into :class:`Moments`."""
+def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False, flush_rows: int = 2048) -> Moments:
+    """One streaming pass over the shards of all models, aligned on seq_id, into :class:`Moments`:
+    per split, one in-place rank-k update (dsyrk) of the cross-product per ``flush_rows`` rows."""
     from tqdm.auto import tqdm
 
     aligned = aligned_shards(folders)
     moments = Moments(aligned.names, aligned.dims)
+    # Rows are gathered per split until there are ``flush_rows`` of them: a rank-k update reads
+    # and writes the whole width² triangle, so a few hundred rows per update would cost as
+    # much in memory traffic as in arithmetic.
+    buffers = {s: np.empty((flush_rows, moments.width)) for s in SPLITS}
+    filled = dict.fromkeys(SPLITS, 0)
+
+    def flush(s):
+        if filled[s]:
+            moments._add(s, buffers[s][:filled[s]])
+            filled[s] = 0
+
     for split, x, _ in tqdm(aligned.rows, total=aligned.n_shards, desc="moments", unit="shard", disable=not progress):
         for s in SPLITS:
-            mask = split == s
-            if mask.any():
-                moments.update(s, x[mask])
+            index = np.flatnonzero(split == s)
+            if filled[s] + len(index) > flush_rows:
+                flush(s)
+            if len(index) >= flush_rows:
+                moments._add(s, x if len(index) == len(x) else x[index])
+            elif len(index):
+                np.take(x, index, axis=0, out=buffers[s][filled[s]:filled[s] + len(index)])
+                filled[s] += len(index)
+    for s in SPLITS:
+        flush(s)
+        _symmetrise_from_lower(moments.cross[s])
     moments.info = dict(aligned.info)
     return moments
 
@@ -267,28 +329,56 @@ class RidgeFit:
     bias: np.ndarray  # (target dim,)
 
 
-def fit_ridge(moments: Moments, basis: Sequence[str], target: str, alpha: float) -> RidgeFit:
-    """Closed-form ridge fit of ``target`` on the concatenated ``basis`` from train moments."""
-    if target in basis:
-        raise LMDError(f"target {target!r} cannot be part of its own basis")
-    zi, ui = moments.columns(basis), moments.columns([target])
-    n, mean, scatter = moments.centred("train")
-    p = len(zi)
+def _dims_of(moments: Moments, names: Sequence[str]) -> list[int]:
+    return [moments.dims[moments.names.index(n)] for n in names]
+
+
+def ridge_penalty(scatter_diagonal: np.ndarray, dims: Sequence[int], alpha: float) -> np.ndarray:
+    """Per-column ridge λ (…, p) for a basis of models with widths ``dims``: every column of
+    model j gets λ_j = α · tr(S_jj) / p_j, its model's mean train variance (scatter scale) times α.
+
+    The same as scaling each basis model to unit mean variance and using λ = α there: α is
+    unit-free, a fit does not depend on any model's overall scale, and a one-model basis gets
+    the single λ = α · tr(S_zz) / p. Because a column's λ depends only on its own model, every
+    leave-one-out fit is a block of one regularised joint matrix (:func:`fit_leave_one_out`).
+    ``scatter_diagonal`` may carry leading batch axes (bootstrap replicates)."""
+    diag = np.asarray(scatter_diagonal, dtype=np.float64)
+    starts = np.cumsum([0, *dims])[:-1]
+    block_mean = np.add.reduceat(diag, starts, axis=-1) / np.asarray(dims, dtype=np.float64)
+    return float(alpha) * np.repeat(block_mean, dims, axis=-1)
+
+
+def _ridge_solve(s_zz: np.ndarray, penalty: np.ndarray, rhs: np.ndarray, what: str) -> np.ndarray:
+    """(S_zz + diag λ)⁻¹ rhs by Cholesky (the matrix is symmetric positive definite when the fit is
+    well posed). ``s_zz`` is a copy owned by the caller; it is overwritten."""
+    s_zz[np.diag_indices_from(s_zz)] += penalty
+    try:
+        factor = cho_factor(s_zz, lower=False, overwrite_a=True, check_finite=False)
+    except np.linalg.LinAlgError as exc:
+        raise LMDError(f"{what}: the basis covariance is singular; set lmd.alpha > 0") from exc
+    return cho_solve(factor, rhs, check_finite=False)
+
+
+def _check_least_squares(n: int, p: int, alpha: float, what: str) -> None:
     if alpha == 0 and n <= p:
         raise LMDError(
-            f"fit of {target!r} on {list(basis)}: {n} train rows for a basis {p} wide; ordinary least "
-            "squares needs more rows than basis dimensions: add sequences or set lmd.alpha > 0"
+            f"{what}: {n} train rows for a basis {p} wide; ordinary least squares needs more rows "
+            "than basis dimensions: add sequences or set lmd.alpha > 0"
         )
+
+
+def fit_ridge(moments: Moments, basis: Sequence[str], target: str, alpha: float) -> RidgeFit:
+    """Closed-form ridge fit of ``target`` on the concatenated ``basis`` from train moments:
+    Wᵀ = (S_zz + diag λ)⁻¹ S_zu with λ from :func:`ridge_penalty`, b = μ_u − W μ_z."""
+    if target in basis:
+        raise LMDError(f"target {target!r} cannot be part of its own basis")
+    what = f"fit of {target!r} on {list(basis)}"
+    zi, ui = moments.columns(basis), moments.columns([target])
+    n, mean, scatter = moments.centred("train")
+    _check_least_squares(n, len(zi), alpha, what)
     s_zz = scatter[np.ix_(zi, zi)]
-    s_zu = scatter[np.ix_(zi, ui)]
-    ridge = alpha * np.trace(s_zz) / p
-    try:
-        weight_t = np.linalg.solve(s_zz + ridge * np.eye(p), s_zu)
-    except np.linalg.LinAlgError as exc:
-        raise LMDError(
-            f"fit of {target!r} on {list(basis)}: the basis covariance is singular; set lmd.alpha > 0"
-        ) from exc
-    weight = weight_t.T
+    penalty = ridge_penalty(np.diagonal(s_zz), _dims_of(moments, basis), alpha)
+    weight = _ridge_solve(s_zz, penalty, scatter[np.ix_(zi, ui)], what).T
     bias = mean[ui] - weight @ mean[zi]
     return RidgeFit(tuple(basis), target, float(alpha), weight, bias)
 
@@ -309,53 +399,6 @@ def r_squared(moments: Moments, fit: RidgeFit, split: str) -> float:
     return float(1.0 - sse / sst)
 
 
-def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dict]:
-    """Every ordered pair (basis → target), fitted on train, scored on every split.
-
-    ``alpha`` is one ridge strength, or a list/tuple/array grid from which each fit picks
-    its own α by val R² (:func:`select_alpha`); each row's ``alpha`` is the one used."""
-    rows = []
-    for target in moments.names:
-        for basis in moments.names:
-            if basis == target:
-                continue
-            fit = fit_with_alpha(moments, [basis], target, alpha)
-            for split in SPLITS:
-                rows.append({"basis": basis, "target": target, "split": split,
-                             "r2": r_squared(moments, fit, split), "alpha": fit.alpha})
-    return rows
-
-
-def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> list[dict]:
-    """Each target on all other models concatenated, fitted on train, scored on every split.
-
-    ``alpha``: one ridge strength, or a grid chosen per target on val (as :func:`fit_pairwise`)."""
-    rows = []
-    for target in moments.names:
-        basis = [n for n in moments.names if n != target]
-        fit = fit_with_alpha(moments, basis, target, alpha)
-        for split in SPLITS:
-            rows.append({"target": target, "split": split,
-                         "r2": r_squared(moments, fit, split), "alpha": fit.alpha})
-    return rows
-
-
-def summary_metrics(pairwise: list[dict], loo: list[dict]) -> dict:
-    """The DVC metrics: mean and per-model leave-one-out test R², mean pairwise test R²."""
-    loo_test = {r["target"]: r["r2"] for r in loo if r["split"] == "test"}
-    pair_test = [r["r2"] for r in pairwise if r["split"] == "test"]
-    return {
-        "loo_test_r2_mean": float(np.mean(list(loo_test.values()))),
-        "loo_test_r2": dict(sorted(loo_test.items())),
-        "pairwise_test_r2_mean": float(np.mean(pair_test)) if pair_test else None,
-    }
-
-
-# ---------------------------------------------------------------------------------------
-# α chosen on val from one eigendecomposition per fit
-# ---------------------------------------------------------------------------------------
-
-
 def _alpha_grid(alpha) -> tuple[float, ...] | None:
     """A grid of α as a tuple of floats, or None when ``alpha`` is one number."""
     if isinstance(alpha, (list, tuple, np.ndarray)):
@@ -368,6 +411,115 @@ def _alpha_grid(alpha) -> tuple[float, ...] | None:
     return None
 
 
+def _sub(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """matrix[rows][:, cols]: a view when both are one contiguous run (a single model's block),
+    else a gather — np.ix_ on a width² matrix is a slow random-access copy."""
+    def run(idx):
+        return slice(idx[0], idx[-1] + 1) if len(idx) and np.all(np.diff(idx) == 1) else idx
+
+    r, c = run(rows), run(cols)
+    if isinstance(r, slice):
+        return matrix[r, c] if isinstance(c, slice) else np.take(matrix[r], c, axis=1)
+    return matrix[np.ix_(rows, cols)]
+
+
+def _sst(scatter: np.ndarray, targets: Sequence[str], cols: np.ndarray, starts: np.ndarray, split: str) -> np.ndarray:
+    sst = np.add.reduceat(np.diagonal(scatter)[cols], starts)
+    for name, value in zip(targets, sst):
+        if value <= 0:
+            raise LMDError(f"target {name!r} has zero variance on the {split} split")
+    return sst
+
+
+def _targets_r2(moments: Moments, split: str, basis_cols: np.ndarray, targets: Sequence[str],
+                weight_t: np.ndarray, bias: np.ndarray, train_penalty: np.ndarray | None = None) -> np.ndarray:
+    """R² on ``split`` of several targets fitted on one basis at once: ``weight_t`` (p × Q) holds
+    each target's Wᵀ side by side in ``targets`` order, ``bias`` (Q,); the formula of
+    :func:`r_squared` summed per target block.
+
+    On train, ``train_penalty`` (p × Q, each target column's ridge λ over the basis rows) skips
+    the p² × Q product: the fit solves W (S_zz + diag λ) = S_uz, so tr(W S_zz Wᵀ) =
+    tr(W S_zu) − Σ λ_i W_·i² and SSE = tr S_uu − tr(W S_zu) − Σ λ_i W_·i²."""
+    cols = moments.columns(targets)
+    starts = np.cumsum([0, *_dims_of(moments, targets)])[:-1]
+    n, mean, scatter = moments.centred(split)
+    sst = _sst(scatter, targets, cols, starts, split)
+    s_zt = _sub(scatter, basis_cols, cols)
+    fitted = np.sum(weight_t * s_zt, axis=0)
+    if train_penalty is not None:
+        if split != "train":
+            raise LMDError("internal: the penalty shortcut holds on the train split only")
+        per_column = np.diagonal(scatter)[cols] - fitted - np.sum(train_penalty * weight_t**2, axis=0)
+    else:
+        s_zz = _sub(scatter, basis_cols, basis_cols)
+        offset = mean[cols] - mean[basis_cols] @ weight_t - bias
+        per_column = (np.diagonal(scatter)[cols] - 2.0 * fitted
+                      + np.sum((s_zz @ weight_t) * weight_t, axis=0) + n * offset**2)
+    return 1.0 - np.add.reduceat(per_column, starts) / sst
+
+
+def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], alpha) -> dict[str, tuple[RidgeFit, list[dict]]]:
+    """Ridge fits of every target on one shared ``basis``: one Cholesky per α for all targets
+    (Wᵀ = (S_zz + diag λ)⁻¹ [S_zu₁ … S_zu_k]); with a grid, each target keeps the α of its
+    highest val R² (first in grid order on ties). Returns {target: (fit, table)}, the table
+    ``[{"alpha": α, "val_r2": R²}, …]`` in grid order, R² NaN where α is ill-posed (α = 0 on a
+    singular basis or one wider than the train rows)."""
+    if not targets:
+        raise LMDError("no targets to fit")
+    for t in targets:
+        if t in basis:
+            raise LMDError(f"target {t!r} cannot be part of its own basis")
+    grid = _alpha_grid(alpha)
+    strict = grid is None  # one α: an ill-posed fit is an error, not a skipped grid point
+    grid = grid or (float(alpha),)
+    zi, ti = moments.columns(basis), moments.columns(targets)
+    starts = np.cumsum([0, *_dims_of(moments, targets)])
+    n, mean, scatter = moments.centred("train")
+    s_zz, s_zt = _sub(scatter, zi, zi), _sub(scatter, zi, ti)
+    diagonal = np.diagonal(s_zz).copy()
+    val = np.full((len(grid), len(targets)), np.nan)
+    best: dict[int, tuple[float, np.ndarray, np.ndarray]] = {}
+    what = f"fit of {list(targets)} on {list(basis)}"
+    for a, alpha_a in enumerate(grid):
+        if strict:
+            _check_least_squares(n, len(zi), alpha_a, what)
+        elif alpha_a == 0 and n <= len(zi):
+            continue
+        penalty = ridge_penalty(diagonal, _dims_of(moments, basis), alpha_a)
+        try:
+            weight_t = _ridge_solve(s_zz.copy(), penalty, s_zt, what)
+        except LMDError:
+            if strict:
+                raise
+            continue
+        bias = mean[ti] - mean[zi] @ weight_t
+        val[a] = _targets_r2(moments, "val", zi, targets, weight_t, bias)
+        for k in range(len(targets)):
+            if k not in best or val[a, k] > val[grid.index(best[k][0]), k]:
+                block = slice(starts[k], starts[k + 1])
+                best[k] = (alpha_a, weight_t[:, block].T.copy(), bias[block].copy())
+    out = {}
+    for k, target in enumerate(targets):
+        if k not in best:
+            raise LMDError(f"fit of {target!r} on {list(basis)}: no α of {list(grid)} gives a well-posed "
+                           "fit; include an α > 0")
+        alpha_k, weight, bias = best[k]
+        table = [{"alpha": g, "val_r2": float(v)} for g, v in zip(grid, val[:, k])]
+        out[target] = (RidgeFit(tuple(basis), target, alpha_k, weight, bias), table)
+    return out
+
+
+def select_alpha(
+    moments: Moments, basis: Sequence[str], target: str, alphas: Sequence[float]
+) -> tuple[RidgeFit, list[dict]]:
+    """The α of the grid with the highest val R² (first in grid order on ties), refitted with
+    :func:`fit_ridge` so the returned fit equals the fixed-α fit of that α exactly; and the
+    table ``[{"alpha": α, "val_r2": R²}, …]`` in grid order (R² NaN where α is ill-posed)."""
+    grid = _alpha_grid(list(alphas))
+    fit, table = fit_targets(moments, basis, [target], grid)[target]
+    return fit_ridge(moments, basis, target, fit.alpha), table
+
+
 def fit_with_alpha(moments: Moments, basis: Sequence[str], target: str, alpha) -> RidgeFit:
     """A fixed-α fit, or the val-selected fit when ``alpha`` is a grid."""
     grid = _alpha_grid(alpha)
@@ -376,113 +528,151 @@ def fit_with_alpha(moments: Moments, basis: Sequence[str], target: str, alpha) -
     return select_alpha(moments, basis, target, grid)[0]
 
 
-@dataclass(frozen=True)
-class RidgePath:
-    """Ridge fits of one target on one basis for a grid of α, from one eigendecomposition.
+def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dict]:
+    """Every ordered pair (basis → target), fitted on train, scored on every split.
 
-    With the train scatter S_zz = V diag(e) Vᵀ, A = Vᵀ S_zu and λ_a = α_a · tr(S_zz) / p
-    (the scaling of :func:`fit_ridge`), every fit of the path is
-
-        Wᵀ(λ) = V diag(d) A,   d_i = 1 / (e_i + λ),   b = μ_u − W μ_z      (train means)
-
-    and its R² on a split s needs no solve: with B = Vᵀ S^s_zu, G = Vᵀ S^s_zz V, H = A Aᵀ,
-    c = Vᵀ(μ^s_z − μ_z), δ = μ^s_u − μ_u (statistics of split s, means of train unsuffixed),
-
-        SSE(d) = tr S^s_uu − 2 Σ_i d_i (A∘B 1)_i + dᵀ (G∘H) d
-                 + n_s (‖δ‖² − 2 (d∘c)ᵀ A δ + (d∘c)ᵀ H (d∘c))
-
-    O(p³) once per split, then O(p²) per α. ``valid[a]`` is False for α = 0 on a basis
-    that is singular or wider than the train rows (ordinary least squares is undefined).
-    """
-
-    basis: tuple[str, ...]
-    target: str
-    alphas: np.ndarray  # (A,)
-    ridges: np.ndarray  # (A,) λ on the scatter scale
-    eigvals: np.ndarray  # (p,) e, ascending
-    eigvecs: np.ndarray  # (p, p) V
-    proj: np.ndarray  # (p, q) A = Vᵀ S_zu
-    mean_z: np.ndarray  # (p,) train
-    mean_u: np.ndarray  # (q,) train
-    valid: np.ndarray  # (A,) bool
-
-    def shrinkage(self) -> np.ndarray:
-        """(A, p) factors d = 1/(e + λ); rows of invalid α are NaN."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            d = 1.0 / (self.eigvals[None, :] + self.ridges[:, None])
-        d[~self.valid] = np.nan
-        return d
-
-    def fit(self, index: int) -> RidgeFit:
-        """The :class:`RidgeFit` of ``alphas[index]``, built from the eigendecomposition."""
-        if not self.valid[index]:
-            raise LMDError(f"fit of {self.target!r} on {list(self.basis)}: α = 0 is singular here")
-        d = self.shrinkage()[index]
-        weight = ((self.eigvecs * d) @ self.proj).T
-        bias = self.mean_u - weight @ self.mean_z
-        return RidgeFit(self.basis, self.target, float(self.alphas[index]), weight, bias)
-
-    def r_squared(self, moments: Moments, split: str) -> np.ndarray:
-        """(A,) pooled R² of every fit of the path on ``split`` (formula in the class doc)."""
-        zi, ui = moments.columns(self.basis), moments.columns([self.target])
-        n, mean, scatter = moments.centred(split)
-        sst = np.trace(scatter[np.ix_(ui, ui)])
-        if sst <= 0:
-            raise LMDError(f"target {self.target!r} has zero variance on the {split} split")
-        v, a = self.eigvecs, self.proj
-        g1 = np.sum(a * (v.T @ scatter[np.ix_(zi, ui)]), axis=1)
-        h = a @ a.T
-        quad = (v.T @ scatter[np.ix_(zi, zi)] @ v) * h
-        c = v.T @ (mean[zi] - self.mean_z)
-        delta = mean[ui] - self.mean_u
-        ad = a @ delta
-        d = self.shrinkage()
-        dc = d * c
-        sse = (sst - 2.0 * d @ g1 + np.einsum("ap,pq,aq->a", d, quad, d)
-               + n * (delta @ delta - 2.0 * dc @ ad + np.einsum("ap,pq,aq->a", dc, h, dc)))
-        return 1.0 - sse / sst
+    ``alpha`` is one ridge strength, or a list/tuple/array grid from which each fit picks
+    its own α by val R²; each row's ``alpha`` is the one used. All targets of one basis model
+    share its Cholesky factor (:func:`fit_targets`) and are scored together."""
+    scores = {}
+    for basis in moments.names:
+        targets = [n for n in moments.names if n != basis]
+        if not targets:
+            continue
+        fits = fit_targets(moments, [basis], targets, alpha)
+        zi = moments.columns([basis])
+        weight_t = np.concatenate([fits[t][0].weight.T for t in targets], axis=1)
+        bias = np.concatenate([fits[t][0].bias for t in targets])
+        unit = ridge_penalty(np.diagonal(moments.centred("train")[2])[zi], [len(zi)], 1.0)
+        alphas = np.repeat([fits[t][0].alpha for t in targets], _dims_of(moments, targets))
+        r2 = {"train": _targets_r2(moments, "train", zi, targets, weight_t, bias, unit[:, None] * alphas),
+              "val": [next(row["val_r2"] for row in fits[t][1] if row["alpha"] == fits[t][0].alpha) for t in targets],
+              "test": _targets_r2(moments, "test", zi, targets, weight_t, bias)}
+        for split in SPLITS:
+            for target, value in zip(targets, r2[split]):
+                scores[basis, target, split] = (float(value), fits[target][0].alpha)
+    return [{"basis": basis, "target": target, "split": split, "r2": scores[basis, target, split][0],
+             "alpha": scores[basis, target, split][1]}
+            for target in moments.names for basis in moments.names if basis != target for split in SPLITS]
 
 
-def fit_ridge_path(
-    moments: Moments, basis: Sequence[str], target: str, alphas: Sequence[float]
-) -> tuple[RidgePath, np.ndarray]:
-    """Ridge fits of ``target`` on ``basis`` for every α of ``alphas`` from one ``eigh`` of the
-    train basis scatter (see :class:`RidgePath`), and their val R² (A,), NaN where invalid.
+def _ridge_inverse(scatter: np.ndarray, penalty: np.ndarray) -> np.ndarray:
+    """(S + diag λ)⁻¹ as a full symmetric C-ordered matrix: one Cholesky (dpotrf) and its
+    inverse (dpotri) in place. Raises LMDError if S + diag λ is not positive definite."""
+    a = scatter.copy()
+    a[np.diag_indices_from(a)] += penalty
+    # a is C-ordered and symmetric, so its transpose is the same matrix in Fortran order: LAPACK
+    # works on it in place, and the triangle it fills is the lower one of ``a``.
+    factor, info = dpotrf(a.T, lower=0, clean=0, overwrite_a=1)
+    if info == 0:
+        inverse, info = dpotri(factor, lower=0, overwrite_c=1)
+    if info != 0:
+        raise LMDError("the joint covariance plus ridge is not positive definite")
+    out = inverse.T
+    _symmetrise_from_lower(out)
+    return out
 
-    Same fits as :func:`fit_ridge` per α, to rounding: λ = α · tr(S_zz) / p on the scatter."""
-    if target in basis:
-        raise LMDError(f"target {target!r} cannot be part of its own basis")
-    grid = _alpha_grid(list(alphas))
-    zi, ui = moments.columns(basis), moments.columns([target])
+
+def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> list[dict]:
+    """Each target on all other models concatenated, fitted on train, scored on every split.
+
+    ``alpha``: one ridge strength, or a grid chosen per target on val (as :func:`fit_pairwise`).
+
+    One factorisation of the regularised joint scatter serves all targets. With
+    A = S + diag λ over all models (λ of :func:`ridge_penalty`, each model's own) and P = A⁻¹,
+    the block inverse gives, for target block m and the rest r,
+
+        Wᵀ = (S_rr + diag λ_r)⁻¹ S_rm = −P_rm P_mm⁻¹
+
+    (λ_m is irrelevant to it). The residual map Rᵀ = P_mm⁻¹ P_m· (q × width) has −W on the
+    basis columns and I on the target's, so e = Rᵀ(x − μ_train), and per split
+    SSE = Σ (Rᵀ S)∘Rᵀ + n ‖Rᵀ(μ − μ_train)‖²; on train, where W(S_rr + diag λ_r) = S_mr,
+    SSE = Σ Rᵀ∘S_m· − Σ_i λ_i ‖W_·i‖² needs no product with S. Cost per α: one Cholesky
+    inverse of the joint width plus one width² × q product per target and held-out split,
+    instead of a fresh Cholesky of the basis width per target."""
+    grid = _alpha_grid(alpha)
+    strict = grid is None
+    grid = grid or (float(alpha),)
+    names, width = moments.names, moments.width
     n, mean, scatter = moments.centred("train")
-    p = len(zi)
-    s_zz = scatter[np.ix_(zi, zi)]
-    eigvals, eigvecs = np.linalg.eigh(s_zz)
-    alphas_arr = np.asarray(grid)
-    ridges = alphas_arr * np.trace(s_zz) / p
-    # α = 0 is least squares: refuse it (as fit_ridge does) where S_zz is not safely invertible.
-    tol = max(eigvals[-1], 0.0) * p * np.finfo(np.float64).eps
-    singular = n <= p or eigvals[0] <= tol
-    valid = (alphas_arr > 0) | (not singular)
-    valid &= eigvals[0] + ridges > 0
-    path = RidgePath(tuple(basis), target, alphas_arr, ridges, eigvals, eigvecs,
-                     eigvecs.T @ scatter[np.ix_(zi, ui)], mean[zi], mean[ui], valid)
-    return path, path.r_squared(moments, "val")
+    bounds = np.cumsum([0, *moments.dims])
+    diagonal = np.diagonal(scatter).copy()
+    val = np.full((len(grid), len(names)), np.nan)
+    best: dict[int, tuple[float, np.ndarray, np.ndarray]] = {}  # target → (α, Rᵀ, λ)
+    for a, alpha_a in enumerate(grid):
+        penalty = ridge_penalty(diagonal, moments.dims, alpha_a)
+        inverse = None  # without it (α = 0 and the joint width ≥ the train rows): one solve per target
+        if alpha_a > 0 or n > width:
+            try:
+                inverse = _ridge_inverse(scatter, penalty)
+            except LMDError:
+                pass
+        for m, target in enumerate(names):
+            block = slice(bounds[m], bounds[m + 1])
+            basis = [t for t in names if t != target]
+            what = f"fit of {target!r} on {basis}"
+            if strict:
+                _check_least_squares(n, width - (block.stop - block.start), alpha_a, what)
+            elif alpha_a == 0 and n <= width - (block.stop - block.start):
+                continue
+            if inverse is not None:
+                residual_t = cho_solve(cho_factor(inverse[block, block], check_finite=False), inverse[block],
+                                       check_finite=False)
+            else:
+                try:
+                    fit = fit_ridge(moments, basis, target, alpha_a)
+                except LMDError:
+                    if strict:
+                        raise
+                    continue
+                residual_t = np.zeros((block.stop - block.start, width))
+                residual_t[:, moments.columns(basis)] = -fit.weight
+                residual_t[:, block] = np.eye(block.stop - block.start)
+            val[a, m] = _residual_r2(moments, "val", target, block, residual_t)
+            if m not in best or val[a, m] > val[grid.index(best[m][0]), m]:
+                best[m] = (alpha_a, residual_t, penalty)
+        del inverse
+    rows = []
+    for m, target in enumerate(names):
+        if m not in best:
+            raise LMDError(f"leave-one-out fit of {target!r}: no α of {list(grid)} gives a well-posed fit; "
+                           "include an α > 0")
+        alpha_m, residual_t, penalty = best[m]
+        block = slice(bounds[m], bounds[m + 1])
+        basis_penalty = penalty.copy()
+        basis_penalty[block] = 0.0
+        for split in SPLITS:
+            if split == "val":
+                r2 = val[grid.index(alpha_m), m]
+            elif split == "train":
+                sst = _sst(scatter, [target], np.arange(block.start, block.stop), np.array([0]), split)[0]
+                sse = np.sum(residual_t * scatter[block]) - np.sum(basis_penalty * residual_t**2)
+                r2 = 1.0 - sse / sst
+            else:
+                r2 = _residual_r2(moments, split, target, block, residual_t)
+            rows.append({"target": target, "split": split, "r2": float(r2), "alpha": alpha_m})
+    return rows
 
 
-def select_alpha(
-    moments: Moments, basis: Sequence[str], target: str, alphas: Sequence[float]
-) -> tuple[RidgeFit, list[dict]]:
-    """The α of the grid with the highest val R² (first in grid order on ties), refitted with
-    :func:`fit_ridge` so the returned fit equals the fixed-α fit of that α exactly; and the
-    table ``[{"alpha": α, "val_r2": R²}, …]`` in grid order (R² NaN where α is invalid)."""
-    path, val = fit_ridge_path(moments, basis, target, alphas)
-    if not np.isfinite(val).any():
-        raise LMDError(f"fit of {target!r} on {list(basis)}: no α of {list(path.alphas)} gives a "
-                       "well-posed fit; include an α > 0")
-    best = int(np.nanargmax(val))
-    table = [{"alpha": float(a), "val_r2": float(r)} for a, r in zip(path.alphas, val)]
-    return fit_ridge(moments, basis, target, float(path.alphas[best])), table
+def _residual_r2(moments: Moments, split: str, target: str, block: slice, residual_t: np.ndarray) -> float:
+    """R² on ``split`` of the fit whose residual is e = Rᵀ(x − μ_train) (Rᵀ: q × width)."""
+    n, mean, scatter = moments.centred(split)
+    sst = _sst(scatter, [target], np.arange(block.start, block.stop), np.array([0]), split)[0]
+    offset = residual_t @ (mean - moments.centred("train")[1])
+    sse = np.sum((residual_t @ scatter) * residual_t) + n * offset @ offset
+    return float(1.0 - sse / sst)
+
+
+def summary_metrics(pairwise: list[dict], loo: list[dict]) -> dict:
+    """The DVC metrics: mean and per-model leave-one-out test R², mean pairwise test R²."""
+    loo_test = {r["target"]: r["r2"] for r in loo if r["split"] == "test"}
+    pair_test = [r["r2"] for r in pairwise if r["split"] == "test"]
+    return {
+        "loo_test_r2_mean": float(np.mean(list(loo_test.values()))),
+        "loo_test_r2": dict(sorted(loo_test.items())),
+        "pairwise_test_r2_mean": float(np.mean(pair_test)) if pair_test else None,
+    }
+
 
 
 # ---------------------------------------------------------------------------------------
@@ -701,6 +891,7 @@ def bootstrap_r2_samples(
     splits = [split] if isinstance(split, str) else list(split)
     cols = np.concatenate([blocks.columns(basis), blocks.columns([target])])
     p, w = len(blocks.columns(basis)), len(cols)
+    basis_dims = [blocks.dims[blocks.names.index(b)] for b in basis]
     zi, ui = np.arange(p), np.arange(p, w)
     n_blocks = len(blocks)
     weights = bootstrap_weights(n_blocks, n_boot, seed).astype(np.float64)
@@ -726,9 +917,11 @@ def bootstrap_r2_samples(
         wts = weights[lo:lo + chunk]
         n_t, mu_t, sc_t = replicate(stats["train"], wts)
         s_zz, s_zu = sc_t[:, :p, :p], sc_t[:, :p, p:]
-        ridge = alpha * np.trace(s_zz, axis1=1, axis2=2) / p
+        regularised = s_zz.copy()
+        diagonal = np.arange(p)
+        regularised[:, diagonal, diagonal] += ridge_penalty(np.diagonal(s_zz, axis1=1, axis2=2), basis_dims, alpha)
         try:
-            weight_t = np.linalg.solve(s_zz + ridge[:, None, None] * np.eye(p), s_zu)  # (R, p, q)
+            weight_t = np.linalg.solve(regularised, s_zu)  # (R, p, q)
         except np.linalg.LinAlgError as exc:
             raise LMDError(f"bootstrap fit of {target!r} on {list(basis)}: a resampled basis covariance "
                            "is singular; set α > 0") from exc
