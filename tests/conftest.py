@@ -98,3 +98,24 @@ def moments_of(blocks, names, split_of_row):
     for s in lmd.SPLITS:
         m.update(s, x[split_of_row == s])
     return m
+
+
+def ridge_reference(z, u, alpha, widths=None):
+    """Reference ridge fit on explicit rows (numpy float64): centre, scale each basis model
+    (column widths ``widths``; default one model) to unit mean variance, solve with α·n·I on the
+    scaled columns, scale the weights back. Returns (W, b) with u ≈ z Wᵀ + b."""
+    import numpy as np
+
+    zc, uc = z - z.mean(0), u - u.mean(0)
+    widths = widths or [z.shape[1]]
+    scale = np.concatenate([np.full(w, np.sqrt((part**2).mean())) for w, part in
+                            zip(widths, np.split(zc, np.cumsum(widths)[:-1], axis=1))])
+    zs = zc / scale
+    w = (np.linalg.solve(zs.T @ zs + alpha * len(z) * np.eye(z.shape[1]), zs.T @ uc) / scale[:, None]).T
+    return w, u.mean(0) - w @ z.mean(0)
+
+
+def r2_direct(z, u, w, b):
+    """Reference pooled R² of u ≈ z Wᵀ + b on explicit rows."""
+    resid = u - z @ w.T - b
+    return 1 - (resid**2).sum() / ((u - u.mean(axis=0)) ** 2).sum()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import moments_of, write_embeddings
+from conftest import moments_of, r2_direct, ridge_reference, write_embeddings
 from lmdecomp import lmd
 
 
@@ -20,11 +20,6 @@ def lstsq_fit(z, u):
     design = np.hstack([z, np.ones((len(z), 1))])
     coef, *_ = np.linalg.lstsq(design, u, rcond=None)
     return coef[:-1].T, coef[-1]
-
-
-def r2_direct(z, u, w, b):
-    resid = u - z @ w.T - b
-    return 1 - (resid**2).sum() / ((u - u.mean(axis=0)) ** 2).sum()
 
 
 @pytest.fixture()
@@ -66,17 +61,6 @@ def test_leave_one_out_equals_numpy_lstsq_on_concatenated_basis(data):
         w, b = lstsq_fit(z[train], blocks[ti][train])
         for s in lmd.SPLITS:
             assert rows[target + s] == pytest.approx(r2_direct(z[split == s], blocks[ti][split == s], w, b), abs=1e-8)
-
-
-def ridge_reference(z, u, alpha, widths):
-    """Reference ridge fit on explicit rows: centre, scale each basis model (column widths
-    ``widths``) to unit mean variance, solve with α·n·I, scale the weights back."""
-    zc, uc = z - z.mean(0), u - u.mean(0)
-    scale = np.concatenate([np.full(w, np.sqrt((part**2).mean())) for w, part in
-                            zip(widths, np.split(zc, np.cumsum(widths)[:-1], axis=1))])
-    zs = zc / scale
-    w = (np.linalg.solve(zs.T @ zs + alpha * len(z) * np.eye(z.shape[1]), zs.T @ uc) / scale[:, None]).T
-    return w, u.mean(0) - w @ z.mean(0)
 
 
 @pytest.mark.parametrize("alpha", [0.05, [0.0, 1e-3, 0.05, 1.0]])
@@ -134,14 +118,8 @@ def test_ridge_matches_explicit_centred_solution(data):
     train = split == "train"
     z = np.hstack([blocks[0], blocks[2]])[train]
     u = blocks[1][train]
-    zc, uc = z - z.mean(0), u - u.mean(0)
-    # Reference: scale each basis model to unit mean variance, ridge with α·I there, unscale.
     widths = [blocks[0].shape[1], blocks[2].shape[1]]
-    scale = np.concatenate([np.full(w, np.sqrt((part**2).mean())) for w, part in
-                            zip(widths, np.split(zc, np.cumsum(widths)[:-1], axis=1))])
-    zs = zc / scale
-    n, p = z.shape
-    w = (np.linalg.solve(zs.T @ zs / n + alpha * np.eye(p), zs.T @ uc / n) / scale[:, None]).T
+    w, _ = ridge_reference(z, u, alpha, widths)
     np.testing.assert_allclose(fit.weight, w, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(fit.bias, u.mean(0) - w @ z.mean(0), rtol=1e-9, atol=1e-10)
     val = split == "val"

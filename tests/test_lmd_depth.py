@@ -6,28 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import moments_of, write_embeddings
+from conftest import moments_of, r2_direct, ridge_reference, write_embeddings
 from lmdecomp import lmd
 
 SPLIT_NAMES = np.array(lmd.SPLITS, dtype=object)
 GRID = [0.0, 1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 3.0]
-
-
-def ridge_direct(z, u, alpha, widths=None):
-    """Reference ridge on centred rows: each basis model (column widths ``widths``; default one
-    model) scaled to unit mean variance, α·I on the scaled columns, weights scaled back."""
-    zc, uc = z - z.mean(0), u - u.mean(0)
-    widths = widths or [z.shape[1]]
-    scale = np.concatenate([np.full(w, np.sqrt((part**2).mean())) for w, part in
-                            zip(widths, np.split(zc, np.cumsum(widths)[:-1], axis=1))])
-    zs = zc / scale
-    w = (np.linalg.solve(zs.T @ zs + alpha * len(z) * np.eye(z.shape[1]), zs.T @ uc) / scale[:, None]).T
-    return w, u.mean(0) - w @ z.mean(0)
-
-
-def r2_direct(z, u, w, b):
-    resid = u - z @ w.T - b
-    return 1 - (resid**2).sum() / ((u - u.mean(axis=0)) ** 2).sum()
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +56,7 @@ def test_select_alpha_picks_the_brute_force_val_optimum(noisy):
             brute = []
             for alpha in GRID:  # independent reference: one solve and one explicit score per α
                 zi = np.hstack([blocks[names.index(b)] for b in basis])
-                w, b = ridge_direct(zi[split == "train"], blocks[names.index(target)][split == "train"], alpha,
+                w, b = ridge_reference(zi[split == "train"], blocks[names.index(target)][split == "train"], alpha,
                                     [blocks[names.index(b)].shape[1] for b in basis])
                 brute.append(r2_direct(zi[split == "val"], blocks[names.index(target)][split == "val"], w, b))
             assert [row["alpha"] for row in table] == GRID
@@ -166,7 +149,7 @@ def test_bootstrap_replicates_of_a_two_model_basis_use_each_models_own_ridge():
     for r, w in enumerate(lmd.bootstrap_weights(n_blocks, 5, seed=2)):
         rows = np.concatenate([np.arange(lo, hi) for lo, hi, k in zip(edges[:-1], edges[1:], w) for _ in range(k)])
         train = rows[split[rows] == "train"]
-        wt, bias = ridge_direct(z[train], u[train], 0.3, [3, 2])
+        wt, bias = ridge_reference(z[train], u[train], 0.3, [3, 2])
         for s in ("val", "test"):
             held = rows[split[rows] == s]
             assert samples[s][r] == pytest.approx(r2_direct(z[held], u[held], wt, bias), abs=1e-9)
@@ -194,7 +177,7 @@ def test_bootstrap_replicates_equal_fits_on_explicitly_resampled_rows(alpha):
     for r, w in enumerate(weights):
         rows = np.concatenate([np.arange(lo, hi) for lo, hi, k in zip(edges[:-1], edges[1:], w) for _ in range(k)])
         train, val = rows[split[rows] == "train"], rows[split[rows] == "val"]
-        wt, bias = ridge_direct(z[train], u[train], alpha)
+        wt, bias = ridge_reference(z[train], u[train], alpha)
         assert samples[r] == pytest.approx(r2_direct(z[val], u[val], wt, bias), abs=1e-9)
     # BlockMoments or a list of Moments: the same replicates.
     np.testing.assert_array_equal(
@@ -289,7 +272,7 @@ def test_greedy_selection_picks_the_planted_models_first():
             if cand in basis:
                 continue
             zi = np.hstack([xs[names.index(b)] for b in [*basis, cand]])
-            w, b = ridge_direct(zi[split == "train"], u[split == "train"], 0.01,
+            w, b = ridge_reference(zi[split == "train"], u[split == "train"], 0.01,
                                 [xs[names.index(b)].shape[1] for b in [*basis, cand]])
             scores[cand] = r2_direct(zi[split == "val"], u[split == "val"], w, b)
         assert row["added_model"] == max(scores, key=scores.get)

@@ -73,7 +73,6 @@ def _columns(all_names: Sequence[str], dims: Sequence[int], names: Iterable[str]
     return np.concatenate([np.arange(starts[index[n]], starts[index[n] + 1]) for n in names])
 
 
-
 def _syrk_lower(cross: np.ndarray, rows: np.ndarray) -> None:
     """cross += rowsᵀ rows on the lower triangle of the C-ordered square ``cross``, in place: one
     BLAS symmetric rank-k update (dsyrk), half the arithmetic of the full product. The upper
@@ -478,7 +477,7 @@ def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], 
     s_zz, s_zt = _sub(scatter, zi, zi), _sub(scatter, zi, ti)
     diagonal = np.diagonal(s_zz).copy()
     val = np.full((len(grid), len(targets)), np.nan)
-    best: dict[int, tuple[float, np.ndarray, np.ndarray]] = {}
+    best: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}  # target → (val R², α, W, b)
     what = f"fit of {list(targets)} on {list(basis)}"
     for a, alpha_a in enumerate(grid):
         if strict:
@@ -495,15 +494,15 @@ def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], 
         bias = mean[ti] - mean[zi] @ weight_t
         val[a] = _targets_r2(moments, "val", zi, targets, weight_t, bias)
         for k in range(len(targets)):
-            if k not in best or val[a, k] > val[grid.index(best[k][0]), k]:
+            if k not in best or val[a, k] > best[k][0]:
                 block = slice(starts[k], starts[k + 1])
-                best[k] = (alpha_a, weight_t[:, block].T.copy(), bias[block].copy())
+                best[k] = (val[a, k], alpha_a, weight_t[:, block].T.copy(), bias[block].copy())
     out = {}
     for k, target in enumerate(targets):
         if k not in best:
             raise LMDError(f"fit of {target!r} on {list(basis)}: no α of {list(grid)} gives a well-posed "
                            "fit; include an α > 0")
-        alpha_k, weight, bias = best[k]
+        _, alpha_k, weight, bias = best[k]
         table = [{"alpha": g, "val_r2": float(v)} for g, v in zip(grid, val[:, k])]
         out[target] = (RidgeFit(tuple(basis), target, alpha_k, weight, bias), table)
     return out
@@ -597,9 +596,8 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
     n, mean, scatter = moments.centred("train")
     bounds = np.cumsum([0, *moments.dims])
     diagonal = np.diagonal(scatter).copy()
-    val = np.full((len(grid), len(names)), np.nan)
-    best: dict[int, tuple[float, np.ndarray, np.ndarray]] = {}  # target → (α, Rᵀ, λ)
-    for a, alpha_a in enumerate(grid):
+    best: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}  # target → (val R², α, Rᵀ, λ)
+    for alpha_a in grid:
         penalty = ridge_penalty(diagonal, moments.dims, alpha_a)
         inverse = None  # without it (α = 0 and the joint width ≥ the train rows): one solve per target
         if alpha_a > 0 or n > width:
@@ -628,38 +626,39 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
                 residual_t = np.zeros((block.stop - block.start, width))
                 residual_t[:, moments.columns(basis)] = -fit.weight
                 residual_t[:, block] = np.eye(block.stop - block.start)
-            val[a, m] = _residual_r2(moments, "val", target, block, residual_t)
-            if m not in best or val[a, m] > val[grid.index(best[m][0]), m]:
-                best[m] = (alpha_a, residual_t, penalty)
+            val = _residual_r2(moments, "val", target, block, residual_t)
+            if m not in best or val > best[m][0]:
+                best[m] = (val, alpha_a, residual_t, penalty)
         del inverse
     rows = []
     for m, target in enumerate(names):
         if m not in best:
             raise LMDError(f"leave-one-out fit of {target!r}: no α of {list(grid)} gives a well-posed fit; "
                            "include an α > 0")
-        alpha_m, residual_t, penalty = best[m]
+        val, alpha_m, residual_t, penalty = best[m]
         block = slice(bounds[m], bounds[m + 1])
         basis_penalty = penalty.copy()
         basis_penalty[block] = 0.0
-        for split in SPLITS:
-            if split == "val":
-                r2 = val[grid.index(alpha_m), m]
-            elif split == "train":
-                sst = _sst(scatter, [target], np.arange(block.start, block.stop), np.array([0]), split)[0]
-                sse = np.sum(residual_t * scatter[block]) - np.sum(basis_penalty * residual_t**2)
-                r2 = 1.0 - sse / sst
-            else:
-                r2 = _residual_r2(moments, split, target, block, residual_t)
-            rows.append({"target": target, "split": split, "r2": float(r2), "alpha": alpha_m})
+        r2 = {"train": _residual_r2(moments, "train", target, block, residual_t, basis_penalty), "val": val,
+              "test": _residual_r2(moments, "test", target, block, residual_t)}
+        rows.extend({"target": target, "split": split, "r2": float(r2[split]), "alpha": alpha_m} for split in SPLITS)
     return rows
 
 
-def _residual_r2(moments: Moments, split: str, target: str, block: slice, residual_t: np.ndarray) -> float:
-    """R² on ``split`` of the fit whose residual is e = Rᵀ(x − μ_train) (Rᵀ: q × width)."""
+def _residual_r2(moments: Moments, split: str, target: str, block: slice, residual_t: np.ndarray,
+                 train_penalty: np.ndarray | None = None) -> float:
+    """R² on ``split`` of the fit whose residual is e = Rᵀ(x − μ_train) (Rᵀ: q × width). On train,
+    ``train_penalty`` (width,: the basis columns' λ, 0 on the target's) gives the shortcut of
+    :func:`fit_leave_one_out`'s docstring instead of the width² × q product."""
     n, mean, scatter = moments.centred(split)
     sst = _sst(scatter, [target], np.arange(block.start, block.stop), np.array([0]), split)[0]
-    offset = residual_t @ (mean - moments.centred("train")[1])
-    sse = np.sum((residual_t @ scatter) * residual_t) + n * offset @ offset
+    if train_penalty is not None:
+        if split != "train":
+            raise LMDError("internal: the penalty shortcut holds on the train split only")
+        sse = np.sum(residual_t * scatter[block]) - np.sum(train_penalty * residual_t**2)
+    else:
+        offset = residual_t @ (mean - moments.centred("train")[1])
+        sse = np.sum((residual_t @ scatter) * residual_t) + n * offset @ offset
     return float(1.0 - sse / sst)
 
 
