@@ -49,7 +49,7 @@ bench: install
 	status=0; \
 	$(BIN)/python benchmarks/bench_mpo.py $(BENCH_ARGS) || status=1; \
 	$(BIN)/python benchmarks/bench_embed.py $(BENCH_ARGS) || status=1; \
-	$(BIN)/python benchmarks/bench_lmd.py $(BENCH_ARGS) || status=1; \
+	$(BIN)/python benchmarks/bench_lmd.py $(BENCH_ARGS) $(if $(wildcard results/lmd/metrics.json),--zoo results/embeddings) || status=1; \
 	exit $$status
 
 lint: install

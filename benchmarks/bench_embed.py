@@ -22,7 +22,11 @@ Achieved GFLOP/s, with d = 384, L = 6 layers, P = non-embedding encoder paramete
 
     FLOPs = 2·P·T + Σ_s L·4·n_s²·d          (dense layers + QKᵀ and A·V over real tokens)
 
-against the float32 matmul peak measured in the same run (2048×2048 @ 2048×2048, 2 threads).
+against the matmul peak of the method's own dtype (float32, and bfloat16 for the bf16 mode)
+measured in the same run (2048×2048 @ 2048×2048, 2 threads), and against the float32 peak.
+
+Context run (no target): the bf16 mode with PyTorch's SDPA instead of lmdecomp's blocked
+attention (:mod:`lmdecomp.attention`), to show what the blocked attention buys.
 
 Peak memory: embed_model in a fresh subprocess (VmHWM) on 2,000 and on 20,000
 sequences; the 20,000 are made with seq_len 32 (min_tokens 16) so that BBC yields enough
@@ -93,9 +97,9 @@ def cpu_bf16() -> dict:
             "cpu_flags": sorted(native), "use_bf16": mkldnn_bf16 and bool(native)}
 
 
-def matmul_peak(repeats: int) -> float:
-    """Best GFLOP/s of a float32 2048³ matmul on the benchmark's threads."""
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+def matmul_peak(repeats: int, dtype: torch.dtype = torch.float32) -> float:
+    """Best GFLOP/s of a 2048³ matmul in ``dtype`` on the benchmark's threads."""
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
     a @ b
     best = float("inf")
     for _ in range(repeats):
@@ -118,12 +122,19 @@ def read_pooled(folder: Path) -> np.ndarray:
     return np.concatenate([s.embedding for s in shards.iter_shards(folder)])
 
 
-def run_lmdecomp(ref, sequences: Path, out: Path, dtype: str) -> tuple[float, dict]:
-    from lmdecomp.embed import embed_model
+def run_lmdecomp(ref, sequences: Path, out: Path, dtype: str, sdpa: bool = False) -> tuple[float, dict]:
+    """Time embed_model; ``sdpa=True`` keeps PyTorch's SDPA in bf16 (context: what the blocked attention buys)."""
+    from lmdecomp import embed
 
-    start = time.perf_counter()
-    manifest = embed_model(ref, sequences, out, {**EMBED_CFG, "dtype": dtype}, progress=False)
-    return time.perf_counter() - start, manifest
+    blocked = embed.use_blocked_attention
+    if sdpa:
+        embed.use_blocked_attention = lambda model: False
+    try:
+        start = time.perf_counter()
+        manifest = embed.embed_model(ref, sequences, out, {**EMBED_CFG, "dtype": dtype}, progress=False)
+        return time.perf_counter() - start, manifest
+    finally:
+        embed.use_blocked_attention = blocked
 
 
 def run_pipeline(folder: str, texts: list[str]) -> tuple[float, np.ndarray]:
@@ -140,7 +151,10 @@ def run_pipeline(folder: str, texts: list[str]) -> tuple[float, np.ndarray]:
 
 def run_st(folder: str, texts: list[str]) -> tuple[float, np.ndarray]:
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Normalize
+    try:
+        from sentence_transformers.sentence_transformer.modules import Normalize
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.models import Normalize
 
     start = time.perf_counter()
     st = SentenceTransformer(folder, device="cpu")
@@ -226,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
 
         peak = matmul_peak(5 if args.quick else 10)
         print(f"float32 matmul peak (2048^3, {THREADS} threads): {peak:.1f} GFLOP/s", flush=True)
+        peaks = {"float32": peak}
+        if bf16["use_bf16"]:
+            peaks["bfloat16"] = matmul_peak(5 if args.quick else 10, torch.bfloat16)
+            print(f"bfloat16 matmul peak (2048^3, {THREADS} threads): {peaks['bfloat16']:.1f} GFLOP/s", flush=True)
 
         timings: dict[str, float] = {}
         pooled: dict[str, np.ndarray] = {}
@@ -236,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             t, _ = run_lmdecomp(ref, seqs, tmp / "bf16", "bfloat16")
             timings["lmdecomp_bfloat16"], pooled["lmdecomp_bfloat16"] = t, read_pooled(tmp / "bf16")
             print(f"lmdecomp bfloat16: {t:.1f}s", flush=True)
+            t, _ = run_lmdecomp(ref, seqs, tmp / "bf16_sdpa", "bfloat16", sdpa=True)
+            timings["context_bfloat16_sdpa"], pooled["context_bfloat16_sdpa"] = t, read_pooled(tmp / "bf16_sdpa")
+            print(f"lmdecomp bfloat16 with PyTorch SDPA attention (context): {t:.1f}s", flush=True)
         t, pooled["st"] = run_st(ref.location, texts)
         timings["st"] = t
         print(f"sentence-transformers: {t:.1f}s", flush=True)
@@ -259,12 +280,13 @@ def main(argv: list[str] | None = None) -> int:
                 "tokens_per_s": tok / seconds,
                 "gflops_per_s": fl / seconds / 1e9,
                 "fraction_of_fp32_matmul_peak": fl / seconds / 1e9 / peak,
+                "fraction_of_own_dtype_matmul_peak": fl / seconds / 1e9 / peaks["bfloat16" if "bfloat16" in name else "float32"],
                 "min_cosine_vs_lmdecomp_float32": min_cosine(pooled[name], pooled["lmdecomp_float32"][: len(pooled[name])]),
             }
         results.update({
             "sequences": n_main, "seq_len": 128, "tokens": tokens, "flops": flops,
             "flops_formula": "2*P*T + sum_s L*4*n_s^2*d (P = encoder params, T = real tokens, L = 6, d = 384)",
-            "encoder_params": p_layers, "fp32_matmul_peak_gflops": peak, "methods": methods,
+            "encoder_params": p_layers, "fp32_matmul_peak_gflops": peak, "matmul_peak_gflops": peaks, "methods": methods,
         })
         if bf16["use_bf16"]:
             results["bf16_drift"] = bf16_drift_r2(tmp / "fp32", tmp / "bf16")
@@ -304,10 +326,12 @@ def main(argv: list[str] | None = None) -> int:
         shown = f"{measured:.6f}" if isinstance(measured, float) and "cosine" in name else (f"{measured:.3f}" if isinstance(measured, float) else measured)
         print(f"{name:<52} {wanted:<20} {shown:<18} {'PASS' if ok else 'FAIL'}")
     print(f"\n{tokens} real tokens in {n_main} sequences; FLOPs = {results['flops_formula']} = {flops / 1e12:.3f} TFLOP")
-    print(f"{'method':<20} {'seqs':>5} {'seconds':>8} {'tok/s':>9} {'GFLOP/s':>8} {'of peak':>8} {'min cos':>10}")
+    print("matmul peaks (GFLOP/s): " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
+    print(f"{'method':<22} {'seqs':>5} {'seconds':>8} {'tok/s':>9} {'GFLOP/s':>8} {'of fp32 peak':>12} {'of own peak':>11} {'min cos':>10}")
     for name, m in methods.items():
-        print(f"{name:<20} {m['sequences']:5d} {m['seconds']:8.1f} {m['tokens_per_s']:9.0f} {m['gflops_per_s']:8.1f} "
-              f"{m['fraction_of_fp32_matmul_peak']:8.1%} {m['min_cosine_vs_lmdecomp_float32']:10.6f}")
+        print(f"{name:<22} {m['sequences']:5d} {m['seconds']:8.1f} {m['tokens_per_s']:9.0f} {m['gflops_per_s']:8.1f} "
+              f"{m['fraction_of_fp32_matmul_peak']:12.1%} {m['fraction_of_own_dtype_matmul_peak']:11.1%} "
+              f"{m['min_cosine_vs_lmdecomp_float32']:10.6f}")
     if "bf16_drift" in results:
         print(f"bf16 drift: {results['bf16_drift']}")
 

@@ -20,6 +20,10 @@ Timed in one run, on 2 threads:
   at the same precision: ``scipy.linalg.blas.dsyrk`` (upper triangle only) on the float64
   joint matrix held in memory.
 
+``--zoo results/embeddings`` (``make bench`` adds it after ``make run``) also times the same
+three steps, the floor and every baseline fit on the real default zoo's embeddings: a report,
+no target.
+
 Targets: lmdecomp ≥ 10 × faster than the baseline; lmdecomp total ≤ 1.5 × the floor;
 peak RSS flat in N (fresh subprocesses running accumulate_moments + all fits at two N:
 large ≤ 1.10 × small + 100 MiB). Prints a table, writes JSON (default
@@ -109,16 +113,19 @@ def timed(fn):
 
 # --- the per-fit baseline ----------------------------------------------------------------
 
-def baseline_fit(x: torch.Tensor, labels: np.ndarray, zi: np.ndarray, ui: np.ndarray) -> dict[str, float]:
+def baseline_fit(x: torch.Tensor, labels: np.ndarray, zi: np.ndarray, ui: np.ndarray,
+                 basis_dims: list[int] | None = None) -> dict[str, float]:
     """Covariance recomputed from the embeddings for this fit; solve; R² per split. The ridge is
-    lmdecomp's (each basis model's columns get α × that model's mean variance)."""
+    lmdecomp's (each basis model's columns get α × that model's mean variance); ``basis_dims``
+    are the widths of the basis models in column order (default: all DIM wide)."""
     train = torch.from_numpy(labels == "train")
     z, u = x[train][:, zi], x[train][:, ui]
     cov = torch.cov(torch.cat([z, u], dim=1).T)
     p = len(zi)
     s_zz, s_zu = cov[:p, :p], cov[:p, p:]
-    block_mean = torch.diagonal(s_zz).reshape(p // DIM, DIM).mean(dim=1)  # every model is DIM wide
-    ridge = ALPHA * block_mean.repeat_interleave(DIM)
+    dims = basis_dims or [DIM] * (p // DIM)
+    ridge = torch.cat([ALPHA * torch.diagonal(block).mean().expand(len(block))
+                       for block in (s_zz[a:b, a:b] for a, b in zip(np.cumsum([0, *dims[:-1]]), np.cumsum(dims)))])
     w_t = torch.linalg.solve(s_zz + torch.diag(ridge), s_zu)
     b = u.mean(0) - z.mean(0) @ w_t
     r2 = {}
@@ -128,6 +135,45 @@ def baseline_fit(x: torch.Tensor, labels: np.ndarray, zi: np.ndarray, ui: np.nda
         resid = us - zs @ w_t - b
         r2[s] = float(1 - (resid**2).sum() / ((us - us.mean(0)) ** 2).sum())
     return r2
+
+
+# --- the real default zoo --------------------------------------------------------------------
+
+def zoo_report(embeddings: Path, params_file: Path) -> dict:
+    """The same three timings on the default run's real embeddings (no target: the zoo is small,
+    N = 4,000 sequences, so the fits, not the pass over the rows, dominate). Every baseline fit
+    is timed; nothing is extrapolated."""
+    from lmdecomp.params import load_params, model_names
+
+    names_ = model_names(load_params([params_file], params_file.parent / "workflow/schemas/params.schema.yaml"))
+    folders = {n: embeddings / n for n in names_}
+    missing = [str(f) for f in folders.values() if not (f / shards.MANIFEST).is_file()]
+    if missing:
+        raise SystemExit(f"--zoo: no embeddings at {', '.join(missing)}; run `make run` first")
+    t_acc, moments = timed(lambda: lmd.accumulate_moments(folders))
+    t_pair, pair = timed(lambda: lmd.fit_pairwise(moments, ALPHA))
+    t_loo, loo = timed(lambda: lmd.fit_leave_one_out(moments, ALPHA))
+    parts = list(lmd.aligned_shards(folders).rows)  # (split, float64 x in the moments' column order, seq_id)
+    x_np = np.concatenate([x for _, x, _ in parts])
+    labels = np.concatenate([np.asarray(split) for split, _, _ in parts])
+    t_floor, _ = timed(lambda: __import__("scipy.linalg.blas", fromlist=["dsyrk"]).dsyrk(1.0, x_np.T, trans=0, lower=0))
+    x = torch.from_numpy(x_np)
+    cols = {n: moments.columns([n]) for n in names_}
+    dims = dict(zip(moments.names, moments.dims))
+    t_base, check = 0.0, []
+    for row in [r for r in pair if r["split"] == "test"] + [r for r in loo if r["split"] == "test"]:
+        basis = [row["basis"]] if "basis" in row else [n for n in names_ if n != row["target"]]
+        ours = {r["split"]: r["r2"] for r in (pair if "basis" in row else loo)
+                if r["target"] == row["target"] and r.get("basis") == row.get("basis")}
+        t, r2 = timed(lambda: baseline_fit(x, labels, moments.columns(basis), cols[row["target"]], [dims[b] for b in basis]))
+        t_base += t
+        check.append(max(abs(r2[s] - ours[s]) for s in lmd.SPLITS))
+    total = t_acc + t_pair + t_loo
+    return {"models": names_, "dims": [dims[n] for n in names_], "rows": dict(moments.n),
+            "seconds": {"accumulate_moments": t_acc, "pairwise_all": t_pair, "leave_one_out_all": t_loo,
+                        "lmdecomp_total": total, "floor_dsyrk": t_floor, "baseline_all_fits": t_base},
+            "baseline_over_lmdecomp": t_base / total, "lmdecomp_over_floor": total / t_floor,
+            "baseline_vs_lmdecomp_max_abs_r2_diff": max(check)}
 
 
 # --- fresh-process peak memory -------------------------------------------------------------
@@ -164,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-sizes", type=int, nargs=2, default=None, help="train rows of the RSS runs (default 50000 200000)")
     parser.add_argument("--models", type=int, default=None, help="number of models (default 12; --quick: 4)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
+    parser.add_argument("--zoo", type=Path, default=None, metavar="EMBEDDINGS",
+                        help="also report the real default zoo from this folder (results/embeddings after `make run`)")
     parser.add_argument("--child-rss", metavar="ROOT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_rss:
@@ -242,6 +290,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<50} {wanted:<20} {shown:<16} {'PASS' if ok else 'FAIL'}")
     print(f"\ndetail: accumulate {t_acc:.1f}s, pairwise {t_pair:.1f}s, leave-one-out {t_loo:.1f}s, "
           f"floor {t_floor:.1f}s, R² check vs baseline {max(check):.1e}")
+    if args.zoo:
+        with lmd.blas_threads(THREADS):
+            zoo = res["zoo"] = zoo_report(args.zoo, Path(__file__).resolve().parents[1] / "params.yaml")
+        sec = zoo["seconds"]
+        print(f"\nreal default zoo ({len(zoo['models'])} models, widths {zoo['dims']}, rows {zoo['rows']}; no target):")
+        print(f"  accumulate {sec['accumulate_moments']:.2f}s, pairwise {sec['pairwise_all']:.2f}s, "
+              f"leave-one-out {sec['leave_one_out_all']:.2f}s, total {sec['lmdecomp_total']:.2f}s; "
+              f"floor {sec['floor_dsyrk']:.3f}s; per-fit baseline, every fit timed, {sec['baseline_all_fits']:.2f}s")
+        print(f"  baseline / lmdecomp {zoo['baseline_over_lmdecomp']:.1f}, lmdecomp / floor {zoo['lmdecomp_over_floor']:.1f}, "
+              f"R² check vs baseline {zoo['baseline_vs_lmdecomp_max_abs_r2_diff']:.1e}")
 
     res["environment"] = {
         "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,

@@ -104,3 +104,32 @@ def test_bad_layer_is_a_clear_error(tiny_model_dir, sequences, tmp_path):
     ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
     with pytest.raises(embed.EmbedError, match="embed.layer=7 but the model has 3 hidden states"):
         embed.embed_model(ref, sequences, tmp_path / "e", cfg(layer=7), progress=False)
+
+
+def test_bfloat16_uses_blocked_attention_stays_near_float32_and_is_deterministic(tiny_model_dir, sequences, tmp_path):
+    ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
+    fp32 = embed.embed_model(ref, sequences, tmp_path / "fp32", cfg(), progress=False)
+    bf16 = embed.embed_model(ref, sequences, tmp_path / "bf16", cfg(dtype="bfloat16"), progress=False)
+    assert fp32["attention"] == "sdpa" and bf16["attention"] == "lmdecomp_blocked"
+    a = np.concatenate([p.embedding for p in shards.iter_shards(tmp_path / "fp32")]).astype(np.float64)
+    b = np.concatenate([p.embedding for p in shards.iter_shards(tmp_path / "bf16")]).astype(np.float64)
+    cosine = np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cosine.min() > 0.999  # 2 random layers in bf16: a few 2⁻⁸ relative
+    assert not np.array_equal(a, b)  # it really ran in reduced precision
+    embed.embed_model(ref, sequences, tmp_path / "again", cfg(dtype="bfloat16"), progress=False)
+    for name in sorted(p.name for p in (tmp_path / "bf16").glob("part-*")):
+        assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "bf16" / name).read_bytes()
+
+
+@pytest.mark.parametrize("rust_backend", [True, False])
+def test_truncated_rows_match_the_untruncated_lengths(tiny_model_dir, rust_backend):
+    from transformers import AutoTokenizer, BatchEncoding
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    lengths = [len(ids) for ids in tok(TEXTS)["input_ids"]]
+    for max_length in sorted({*lengths, *(n - 1 for n in lengths), 3}):
+        encoded = tok(TEXTS, truncation=True, max_length=max_length)
+        if not rust_backend:
+            encoded = BatchEncoding(dict(encoded))  # as a Python tokenizer returns it: no .encodings
+            assert encoded.encodings is None
+        assert embed.truncated_rows(tok, TEXTS, encoded, max_length) == [n > max_length for n in lengths]

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from . import shards, words
 from .atomic import write_text
+from .attention import use_blocked_attention
 from .models import ModelRef, weights_sha256
 
 POOLINGS = ("mean", "padded_mean", "cls")
@@ -110,6 +111,15 @@ def stored_layers(cfg: Mapping[str, Any], n_states: int, model: str) -> tuple[in
     return main, sorted(set(wanted) - {main})
 
 
+def truncated_rows(tokenizer, texts: list[str], encoded, max_length: int) -> list[bool]:
+    """Which texts ``encoded`` (tokenised with truncation at ``max_length``) had to cut."""
+    if encoded.encodings is not None:
+        # a Rust tokenizer keeps what truncation removed: no second tokenisation needed
+        return [bool(e.overflowing) for e in encoded.encodings]
+    full = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+    return [len(ids) > max_length for ids in full]
+
+
 def model_max_length(model, tokenizer, wanted: int) -> int:
     limits = [wanted]
     if 0 < getattr(tokenizer, "model_max_length", 0) < 100_000:
@@ -138,7 +148,7 @@ def _iter_chunks(sequences: Path, rows: int) -> Iterator[pa.Table]:
         yield pa.Table.from_batches(pending)
 
 
-def _plan(ref: ModelRef, cfg: Mapping[str, Any], max_length: int, sequences: Path) -> dict[str, Any]:
+def _plan(ref: ModelRef, cfg: Mapping[str, Any], max_length: int, sequences: Path, attention: str) -> dict[str, Any]:
     from .atomic import sha256_file
 
     return {
@@ -151,6 +161,7 @@ def _plan(ref: ModelRef, cfg: Mapping[str, Any], max_length: int, sequences: Pat
         "max_length": max_length,
         "shard_rows": cfg["shard_rows"],
         "dtype": cfg.get("dtype", "float32"),
+        "attention": attention,
         "sequences_sha256": sha256_file(sequences),
     }
 
@@ -185,10 +196,13 @@ def embed_model(
         raise EmbedError(f"model {ref.name!r}: word granularity needs a fast tokenizer (character offsets); "
                          "save the model with a tokenizer.json")
     model = ref.load_model().to(device)
+    if dtype == "bfloat16" and device.type == "cpu":
+        use_blocked_attention(model)  # faster than SDPA at small heads; see lmdecomp.attention
+    attention = str(model.config._attn_implementation)
     n_states = model.config.num_hidden_layers + 1
     layer, extra_layers = stored_layers(cfg, n_states, ref.name)
     max_length = model_max_length(model, tokenizer, int(cfg["max_length"]))
-    plan = _plan(ref, cfg, max_length, sequences)
+    plan = _plan(ref, cfg, max_length, sequences, attention)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     plan_path = out_dir / PLAN
@@ -211,11 +225,10 @@ def embed_model(
         texts = chunk.column("text").to_pylist()
         for s in splits:
             split_counts[s] = split_counts.get(s, 0) + 1
-        full = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-        cut = [len(ids) > max_length for ids in full]
-        truncated += sum(cut)
         encoded = tokenizer(texts, truncation=True, max_length=max_length,
                             return_offsets_mapping=granularity == "word")
+        cut = truncated_rows(tokenizer, texts, encoded, max_length)
+        truncated += sum(cut)
         lengths = np.array([len(ids) for ids in encoded["input_ids"]])
         tokens += int(lengths.sum())
         spans = [words.word_spans(t) for t in texts] if granularity == "word" else None
@@ -293,6 +306,7 @@ def embed_model(
         "pooling": pooling,
         "max_length": max_length,
         "dtype": dtype,
+        "attention": attention,
         "dim": int(dim),
         "rows": rows,
         "sequences": int(sum(e["sequences"] for e in entries)),
