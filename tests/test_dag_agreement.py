@@ -1,8 +1,10 @@
 """Snakemake's DAG and dvc.yaml describe the same jobs: equal commands, equal outputs, and the
-same data inputs (DVC may name a folder where Snakemake names the files inside it)."""
+same inputs, data and code (DVC may name a folder where Snakemake names the files inside it);
+and every stage depends on the library modules its script imports."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -31,12 +33,13 @@ def snakemake_jobs(work: Path) -> dict[str, tuple[set[str], set[str]]]:
 
 
 def dvc_stages(work: Path) -> dict[str, tuple[set[str], set[str]]]:
+    from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
 
     stages = {}
     with Repo(str(work)) as repo:
         for stage in repo.index.stages:
-            deps = {d.def_path for d in stage.deps if d.def_path.startswith("results/")}
+            deps = {d.def_path for d in stage.deps if not isinstance(d, ParamsDependency)}
             stages[" ".join(stage.cmd.split())] = (deps, {o.def_path for o in stage.outs})
     return stages
 
@@ -58,3 +61,43 @@ def test_snakemake_and_dvc_run_the_same_jobs(repo_root, tmp_path, overlay):
         assert snake_out == dvc_out, cmd
         assert all(covered(p, dvc_in) for p in snake_in), cmd
         assert all(any(covered(p, {d}) for p in snake_in) for d in dvc_in), cmd
+
+
+# Modules whose changes cannot change a result: atomic file writes and config loading. Every
+# other lmdecomp module a job script reaches must be a dependency of its stage.
+PLUMBING = {"src/lmdecomp/atomic.py", "src/lmdecomp/params.py"}
+
+
+def lmdecomp_imports(path: Path, src: Path) -> set[str]:
+    """lmdecomp modules that ``path`` imports anywhere in its body (lazy imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:  # inside the package
+            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == "lmdecomp":
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lmdecomp."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("lmdecomp.")}
+    return {m for m in found if (src / f"{m}.py").is_file()}
+
+
+def test_every_stage_depends_on_the_library_code_its_script_imports(repo_root):
+    src = repo_root / "src" / "lmdecomp"
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
+    assert len(stages) >= 14
+    for name, spec in stages.items():
+        deps = set(spec.get("do", spec)["deps"])
+        scripts = [d for d in deps if d.startswith("workflow/scripts/")]
+        assert len(scripts) == 1, name
+        todo, reached = list(lmdecomp_imports(repo_root / scripts[0], src)), set()
+        while todo:
+            module = todo.pop()
+            if module not in reached:
+                reached.add(module)
+                todo += lmdecomp_imports(src / f"{module}.py", src)
+        needed = {f"src/lmdecomp/{m}.py" for m in reached} - PLUMBING
+        listed = {d for d in deps if d.startswith("src/")}
+        assert needed <= listed, f"dvc.yaml stage {name}: add {sorted(needed - listed)} to its deps"
+        assert listed <= needed | PLUMBING, f"dvc.yaml stage {name}: {sorted(listed - needed)} is not imported"

@@ -10,9 +10,11 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -313,6 +315,21 @@ def test_report_collects_every_figure(snakemake_run):
                  "mpo_tradeoff.png", "finetune_tradeoff.png", "finetune.csv", "pairwise.parquet", "loo.parquet", "metrics.json"):
         assert name in html, name
     assert "asymmetric" in html  # a caption made it in
+
+
+def test_a_library_change_reruns_the_jobs_that_import_it_and_nothing_else(snakemake_run, repo_root, tmp_path):
+    """Snakemake takes each job's code from dvc.yaml's deps, so editing a module reruns its
+    stages (as `dvc repro` does) instead of leaving stale results."""
+    work = copy_repo(repo_root, tmp_path / "edit")
+    shutil.copytree(snakemake_run / "results", work / "results", copy_function=shutil.copy2)
+    configs = ["--configfile", "config/smoke.yaml"]
+    assert "Nothing to be done" in run(["snakemake", "-n", "--cores", "1", *configs], work).stdout
+    later = time.time() + 60
+    os.utime(work / "src/lmdecomp/attention.py", (later, later))  # embed imports it
+    planned = run(["snakemake", "-n", "--cores", "1", *configs], work).stdout
+    rules = set(re.findall(r"^rule (\w+):", planned, flags=re.M))
+    assert {"embed", "moments", "lmd_fit", "lmd_layers", "lmd_figures"} <= rules
+    assert not rules & {"corpus", "model", "mpo", "variant", "task", "finetune"}
 
 
 def test_sigkill_during_embedding_then_rerun_gives_the_same_artifacts(snakemake_run, repo_root, tmp_path):

@@ -1,4 +1,8 @@
 # Small helpers that compute rule inputs and arguments from the config.
+from pathlib import Path
+
+import yaml
+
 from lmdecomp.params import load_params, model_spec
 
 
@@ -28,6 +32,16 @@ if _unbuilt:
 _per_job = config["lmd"].get("shards_per_job")
 _n_shards = -(-config["corpus"]["n_sequences"] // config["embed"]["shard_rows"])
 SHARD_PARTS = -(-_n_shards // _per_job) if _per_job else None
+
+
+_DVC_STAGES = yaml.safe_load((Path(workflow.basedir) / "dvc.yaml").read_text())["stages"]
+
+
+def code_deps(stage):
+    """The job script and library modules that dvc.yaml lists for ``stage``: a job reruns when
+    its code changes, under Snakemake as under DVC, from one list the two engines share."""
+    spec = _DVC_STAGES[stage]
+    return [d for d in spec.get("do", spec)["deps"] if not d.startswith("results/")]
 
 
 def embedding_dirs(wildcards=None):

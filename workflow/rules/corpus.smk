@@ -1,4 +1,6 @@
 rule corpus:
+    input:
+        code=code_deps("corpus"),
     output:
         "results/corpus/sequences.parquet",
     params:

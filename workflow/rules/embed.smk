@@ -1,5 +1,6 @@
 rule embed:
     input:
+        code=code_deps("embed"),
         sequences="results/corpus/sequences.parquet",
         model="results/models/{model}",
     output:

@@ -1,5 +1,6 @@
 rule lmd_figures:
     input:
+        code=code_deps("lmd_figures"),
         pairwise="results/lmd/pairwise.parquet",
         loo="results/lmd/loo.parquet",
         selection="results/lmd/selection.parquet",

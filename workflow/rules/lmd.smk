@@ -2,6 +2,7 @@ if SHARD_PARTS is None:
 
     rule moments:
         input:
+            code=code_deps("moments"),
             embeddings=embedding_dirs,
             sequences="results/corpus/sequences.parquet",
         output:
@@ -23,6 +24,7 @@ else:
 
     rule moments_part:
         input:
+            code=code_deps("moments"),
             embeddings=embedding_dirs,
             sequences="results/corpus/sequences.parquet",
         output:
@@ -41,6 +43,7 @@ else:
 
     rule moments:
         input:
+            code=code_deps("moments"),
             parts=expand("results/lmd/parts/part-{part}.safetensors", part=range(SHARD_PARTS)),
             sequences="results/corpus/sequences.parquet",
         output:
@@ -57,6 +60,7 @@ else:
 
 rule lmd_fit:
     input:
+        code=code_deps("lmd_fit"),
         moments="results/lmd/moments.safetensors",
         blocks="results/lmd/block_moments.safetensors",
     output:
@@ -77,6 +81,7 @@ rule lmd_fit:
 
 rule similarity:
     input:
+        code=code_deps("similarity"),
         embeddings=embedding_dirs,
         moments="results/lmd/moments.safetensors",
     output:
@@ -93,6 +98,7 @@ rule similarity:
 
 rule lmd_layers:
     input:
+        code=code_deps("lmd_layers"),
         embeddings=embedding_dirs,
         sequences="results/corpus/sequences.parquet",
     output:

@@ -1,6 +1,7 @@
 rule model:
     input:
-        "results/corpus/sequences.parquet",
+        code=code_deps("model"),
+        sequences="results/corpus/sequences.parquet",
     output:
         model=directory("results/models/{model}"),
         metrics="results/metrics/models/{model}.json",
@@ -14,4 +15,4 @@ rule model:
         "results/logs/model/{model}.log",
     shell:
         "python workflow/scripts/model.py --params {PARAMS} --model {wildcards.model}"
-        " --sequences {input} --out {output.model} --metrics {output.metrics} 2> {log}"
+        " --sequences {input.sequences} --out {output.model} --metrics {output.metrics} 2> {log}"

@@ -1,5 +1,6 @@
 rule mpo:
     input:
+        code=code_deps("mpo"),
         sequences="results/corpus/sequences.parquet",
         model="results/models/{model}",
     output:
@@ -18,7 +19,8 @@ rule mpo:
 
 rule mpo_figure:
     input:
-        expand("results/mpo/{model}", model=config["mpo"]["models"]),
+        code=code_deps("mpo_figure"),
+        mpo=expand("results/mpo/{model}", model=config["mpo"]["models"]),
     output:
         report("results/figures/mpo_tradeoff.png", caption="../report/mpo_tradeoff.rst", category="MPO"),
     log:

@@ -3,6 +3,7 @@
 
 rule variant:
     input:
+        code=code_deps("variant"),
         sequences="results/corpus/sequences.parquet",
         base=f"results/models/{config['mpobert']['base']}",
     output:
@@ -20,6 +21,8 @@ rule variant:
 
 
 rule task:
+    input:
+        code=code_deps("task"),
     output:
         table="results/tasks/{task}.parquet",
         record="results/tasks/{task}.json",
@@ -36,6 +39,7 @@ rule task:
 
 rule finetune:
     input:
+        code=code_deps("finetune"),
         task="results/tasks/{task}.parquet",
         model=lambda wc: f"results/variants/{FINETUNE[wc.variant]['model']}",
     output:
@@ -56,7 +60,8 @@ rule finetune:
 
 rule finetune_summary:
     input:
-        expand("results/finetune/{task}/{variant}/metrics.json", task=TASKS, variant=FINETUNE),
+        code=code_deps("finetune_summary"),
+        metrics=expand("results/finetune/{task}/{variant}/metrics.json", task=TASKS, variant=FINETUNE),
     output:
         table=report("results/tables/finetune.csv", caption="../report/finetune_table.rst", category="MPOBERT"),
         headline=report("results/tables/finetune_headline.csv", caption="../report/finetune_headline.rst", category="MPOBERT"),
