@@ -52,11 +52,30 @@ def reference(folder, text, layer, pooling, max_length):
     return total / (h.shape[0] if pooling == "mean" else max_length)
 
 
+def reference_windows(folder, text, layer, max_length):
+    """Mean over every token of every window: the text's tokens cut by hand into consecutive
+    runs of max_length − (special tokens), each wrapped in the special tokens and run alone."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    room = max_length - tok.num_special_tokens_to_add()
+    total, count = 0.0, 0
+    for start in range(0, max(len(ids), 1), room):
+        window = torch.tensor([[tok.cls_token_id, *ids[start : start + room], tok.sep_token_id]])  # BERT's template
+        with torch.no_grad():
+            h = model(input_ids=window, output_hidden_states=True).hidden_states[layer][0].double().numpy()
+        for t in range(h.shape[0]):
+            total, count = total + h[t], count + 1
+    return total / count
+
+
 @pytest.mark.parametrize("pooling,layer", [("mean", -1), ("padded_mean", 1), ("cls", 0)])
 def test_pooled_embeddings_equal_an_unbatched_loop(tiny_model_dir, sequences, tmp_path, pooling, layer):
     ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
     out = tmp_path / "emb"
-    manifest = embed.embed_model(ref, sequences, out, cfg(pooling=pooling, layer=layer), progress=False)
+    manifest = embed.embed_model(ref, sequences, out, cfg(pooling=pooling, layer=layer, overflow="truncate"),
+                                 progress=False)
     parts = list(shards.iter_shards(out))
     assert [len(p.seq_id) for p in parts] == [3, 3, 1]
     got = np.concatenate([p.embedding for p in parts])
@@ -69,6 +88,28 @@ def test_pooled_embeddings_equal_an_unbatched_loop(tiny_model_dir, sequences, tm
     assert manifest["weights_sha256"] == models.weights_sha256(ref.load_model())
     on_disk = json.loads((out / shards.MANIFEST).read_text())
     assert on_disk == json.loads(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("max_length", [12, 40])
+def test_long_texts_are_embedded_whole_in_windows(tiny_model_dir, sequences, tmp_path, max_length):
+    ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
+    manifest = embed.embed_model(ref, sequences, tmp_path / "emb", cfg(max_length=max_length, batch_tokens=30),
+                                 progress=False)
+    got = np.concatenate([p.embedding for p in shards.iter_shards(tmp_path / "emb")])
+    for i, text in enumerate(TEXTS):
+        np.testing.assert_allclose(got[i], reference_windows(tiny_model_dir, text, -1, max_length), atol=2e-5)
+    from transformers import AutoTokenizer
+
+    lengths = [len(ids) for ids in AutoTokenizer.from_pretrained(tiny_model_dir)(TEXTS)["input_ids"]]
+    assert manifest["overflow"] == "windows" and manifest["truncated_sequences"] == 0
+    assert manifest["windowed_sequences"] == sum(n > max_length for n in lengths) > 0
+
+
+def test_windows_need_mean_pooling(tiny_model_dir, sequences, tmp_path):
+    ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
+    with pytest.raises(embed.EmbedError, match="overflow: windows .* needs embed.pooling: mean"):
+        embed.embed_model(ref, sequences, tmp_path / "e", cfg(pooling="cls", overflow="windows"), progress=False)
+    assert not (tmp_path / "e").exists()
 
 
 def test_token_budget_batches_cover_every_row_once_within_budget():

@@ -166,7 +166,7 @@ def reference_words(folder, text: str, layer: int, max_length: int) -> dict[int,
 def test_word_rows_match_an_explicit_loop_and_align_across_tokenizers(tiny_model_dir, bpe_model_dir, sentences,
                                                                        tmp_path):
     cfg = {"layer": -1, "layers": [0], "granularity": "word", "pooling": "mean", "batch_tokens": 200,
-           "shard_rows": 2, "threads": 1, "device": "cpu", "dtype": "float32"}
+           "shard_rows": 2, "threads": 1, "device": "cpu", "dtype": "float32", "overflow": "truncate"}
     limits = {"wordpiece": 16, "bpe": 60}
     folders = {"wordpiece": tiny_model_dir, "bpe": bpe_model_dir}
     expected_keys = {}
@@ -212,6 +212,45 @@ def test_word_rows_match_an_explicit_loop_and_align_across_tokenizers(tiny_model
     blocks = lmd.accumulate_block_moments({n: tmp_path / n for n in folders}, rows_per_block=2)
     assert len(blocks) == 3  # 5 sentences in blocks of 2 (a word row goes with its sentence)
     np.testing.assert_allclose(blocks.total().cross["train"], x.T @ x, rtol=1e-10, atol=1e-10)
+
+
+def reference_window_words(folder, text: str, max_length: int) -> dict[int, np.ndarray]:
+    """Word vectors when the text is cut by hand into windows of max_length − (special tokens)
+    tokens, each run alone: a word's vector is the mean of its tokens over all windows."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    room = max_length - tok.num_special_tokens_to_add()
+    states, offsets = [], []
+    for start in range(0, len(enc["input_ids"]), room):
+        ids = enc["input_ids"][start : start + room]
+        window = torch.tensor([[tok.cls_token_id, *ids, tok.sep_token_id]])  # BERT's template
+        with torch.no_grad():
+            h = model(input_ids=window, output_hidden_states=True).hidden_states[-1][0].double().numpy()
+        states += list(h[1 : 1 + len(ids)])
+        offsets += enc["offset_mapping"][start : start + room]
+    out = {}
+    for w, (start, end) in enumerate(words.word_spans(text).tolist()):
+        members = [t for t, (a, b) in enumerate(offsets) if b > a and max(a, start) < min(b, end)]
+        out[w] = sum(states[t] for t in members) / len(members)
+    return out
+
+
+def test_windows_give_every_word_a_row_even_across_a_window_boundary(tiny_model_dir, sentences, tmp_path):
+    ref = lmd_models.resolve({"name": "t", "path": str(tiny_model_dir)})
+    # max_length 7: windows of 5 WordPiece tokens split "unaffable", "déjà", "14159" and "718"
+    cfg = {"layer": -1, "granularity": "word", "pooling": "mean", "max_length": 7, "batch_tokens": 64,
+           "shard_rows": 2, "threads": 1, "device": "cpu", "dtype": "float32"}
+    manifest = embed.embed_model(ref, sentences, tmp_path / "w", cfg, progress=False)
+    got = {(int(s), int(w)): e for p in shards.iter_shards(tmp_path / "w")
+           for s, w, e in zip(p.seq_id, p.word_idx, p.embedding)}
+    n_words = sum(len(words.word_spans(t)) for t in SENTENCES)
+    assert len(got) == manifest["words"] == n_words and manifest["words_truncated"] == 0
+    assert manifest["windowed_sequences"] > 0
+    for i, text in enumerate(SENTENCES):
+        for w, vec in reference_window_words(tiny_model_dir, text, 7).items():
+            np.testing.assert_allclose(got[3 * i, w], vec, atol=3e-5)
 
 
 def test_word_granularity_needs_mean_pooling(tiny_model_dir, sentences, tmp_path):

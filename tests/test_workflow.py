@@ -257,8 +257,8 @@ def test_shards_per_job_splits_the_moments_pass_and_reduces_to_the_same_bytes(sn
 
 
 def test_word_granularity_runs_lmd_on_words_shared_by_every_tokenizer(repo_root, tmp_path):
-    """config/words.yaml on the smoke config: word rows for three tokenizers' models, the LMD
-    fits on the words every model kept, and the count of dropped words in the metrics."""
+    """config/words.yaml on the smoke config: word rows for three tokenizers' models, every word
+    kept through windows, the LMD fits on the aligned words and their count in the metrics."""
     work = copy_repo(repo_root, tmp_path)
     configs = ["--configfile", "config/smoke.yaml", "config/words.yaml"]
     run(["snakemake", "results/lmd/metrics.json", "results/lmd/similarity.parquet", "--cores", "2", *configs], work)
@@ -272,9 +272,12 @@ def test_word_granularity_runs_lmd_on_words_shared_by_every_tokenizer(repo_root,
         assert manifest["rows"] == len(keys[name]) == manifest["words"] - manifest["words_truncated"]
     n_words = manifests["minilm"]["words"]
     assert len({m["words"] for m in manifests.values()}) == 1 and n_words > seqs.num_rows
-    # zoo-tiny reads 32 tokens, the others 64: it truncates words the others keep
-    assert manifests["zoo-tiny"]["words_truncated"] > manifests["minilm"]["words_truncated"]
+    # zoo-tiny reads 32 tokens at a time, the others 64; with overflow: windows (the default)
+    # every model still embeds every word
+    assert manifests["zoo-tiny"]["windowed_sequences"] > manifests["minilm"]["windowed_sequences"]
+    assert all(m["words_truncated"] == 0 and m["overflow"] == "windows" for m in manifests.values())
     common = set.intersection(*keys.values())
+    assert len(common) == n_words
     metrics = json.loads((work / "results/lmd/metrics.json").read_text())
     assert metrics["rows"] == {"granularity": "word", "words": n_words, "words_kept": len(common),
                                "words_dropped": n_words - len(common)}

@@ -7,6 +7,13 @@ length), which keeps padding – wasted work – small; results are put back in 
 order before writing. Finished shards survive a killed job: a rerun with the same plan
 reuses them and embeds only what is missing.
 
+A text longer than the model's ``max_length`` is cut into consecutive windows of at most
+``max_length`` tokens, each with the model's special tokens (``overflow: windows``, the
+default for mean pooling), and pooled over the tokens of all its windows, so every model
+embeds the whole text whatever its tokenizer's length for it; ``overflow: truncate`` keeps the
+first window only (the only choice for ``cls`` and ``padded_mean``). The manifest counts the
+windowed and the truncated texts.
+
 Pooling of the hidden states h_1..h_n of the n real tokens (special tokens included):
 
 * ``mean``        (1/n) Σ_t h_t                       — the default
@@ -45,6 +52,7 @@ from .models import ModelRef, weights_sha256
 
 POOLINGS = ("mean", "padded_mean", "cls")
 GRANULARITIES = ("sequence", "word")
+OVERFLOWS = ("windows", "truncate")
 PLAN = ".plan.json"
 
 
@@ -58,16 +66,18 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, max_length: int) -> torch.Tensor:
-    """Pool (batch, tokens, dim) hidden states over the tokens where ``mask`` is 1."""
+def pool_parts(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(numerator, denominator) per row of (batch, tokens, dim) ``hidden``, over the tokens where
+    ``mask`` is 1; a text's pooled vector is Σ numerators / Σ denominators over its windows."""
+    ones = torch.ones(hidden.shape[0], dtype=hidden.dtype, device=hidden.device)
     if pooling == "cls":
-        return hidden[:, 0]
+        return hidden[:, 0], ones
     m = mask.unsqueeze(-1).to(hidden.dtype)
     summed = (hidden * m).sum(dim=1)
     if pooling == "mean":
-        return summed / m.sum(dim=1).clamp(min=1)
+        return summed, m.sum(dim=(1, 2))
     if pooling == "padded_mean":
-        return summed / max_length
+        return summed / max_length, ones
     raise EmbedError(f"unknown pooling {pooling!r}; choose one of {POOLINGS}")
 
 
@@ -148,7 +158,8 @@ def _iter_chunks(sequences: Path, rows: int) -> Iterator[pa.Table]:
         yield pa.Table.from_batches(pending)
 
 
-def _plan(ref: ModelRef, cfg: Mapping[str, Any], max_length: int, sequences: Path, attention: str) -> dict[str, Any]:
+def _plan(ref: ModelRef, cfg: Mapping[str, Any], max_length: int, sequences: Path, attention: str,
+          overflow: str) -> dict[str, Any]:
     from .atomic import sha256_file
 
     return {
@@ -159,6 +170,7 @@ def _plan(ref: ModelRef, cfg: Mapping[str, Any], max_length: int, sequences: Pat
         "granularity": cfg.get("granularity", "sequence"),
         "pooling": cfg["pooling"],
         "max_length": max_length,
+        "overflow": overflow,
         "shard_rows": cfg["shard_rows"],
         "dtype": cfg.get("dtype", "float32"),
         "attention": attention,
@@ -191,7 +203,18 @@ def embed_model(
         raise EmbedError(f"embed.granularity: word averages each word's tokens; embed.pooling must be "
                          f"mean (got {pooling!r})")
 
+    overflow = cfg.get("overflow") or ("windows" if pooling == "mean" else "truncate")
+    if overflow not in OVERFLOWS:
+        raise EmbedError(f"embed.overflow is {overflow!r}; choose one of {OVERFLOWS}")
+    if overflow == "windows" and pooling != "mean":
+        raise EmbedError(f"embed.overflow: windows averages the tokens of every window and needs embed.pooling: "
+                         f"mean (got {pooling!r}); set embed.overflow: truncate to keep the first window only")
+    windows = overflow == "windows"
+
     tokenizer = ref.load_tokenizer()
+    if windows and not tokenizer.is_fast:
+        raise EmbedError(f"model {ref.name!r}: embed.overflow: windows needs a fast tokenizer (tokenizer.json); "
+                         "save the model with one or set embed.overflow: truncate")
     if granularity == "word" and not tokenizer.is_fast:
         raise EmbedError(f"model {ref.name!r}: word granularity needs a fast tokenizer (character offsets); "
                          "save the model with a tokenizer.json")
@@ -202,7 +225,7 @@ def embed_model(
     n_states = model.config.num_hidden_layers + 1
     layer, extra_layers = stored_layers(cfg, n_states, ref.name)
     max_length = model_max_length(model, tokenizer, int(cfg["max_length"]))
-    plan = _plan(ref, cfg, max_length, sequences, attention)
+    plan = _plan(ref, cfg, max_length, sequences, attention, overflow)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     plan_path = out_dir / PLAN
@@ -216,7 +239,7 @@ def embed_model(
 
     total_rows = pq.ParquetFile(sequences).metadata.num_rows
     bar = tqdm(total=total_rows, desc=f"embed {ref.name}", unit="seq", disable=not progress)
-    entries, tokens, truncated, n_words, dim = [], 0, 0, 0, None
+    entries, tokens, truncated, windowed, n_words, dim = [], 0, 0, 0, 0, None
     split_counts: dict[str, int] = {}
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     for index, chunk in enumerate(_iter_chunks(sequences, int(cfg["shard_rows"]))):
@@ -225,10 +248,18 @@ def embed_model(
         texts = chunk.column("text").to_pylist()
         for s in splits:
             split_counts[s] = split_counts.get(s, 0) + 1
+        # One row ("piece") per text, or per window of a text with overflow: windows (stride 0:
+        # the windows tile the text without overlap, each with its own special tokens).
         encoded = tokenizer(texts, truncation=True, max_length=max_length,
-                            return_offsets_mapping=granularity == "word")
-        cut = truncated_rows(tokenizer, texts, encoded, max_length)
-        truncated += sum(cut)
+                            return_offsets_mapping=granularity == "word", return_overflowing_tokens=windows)
+        if windows:
+            owner = np.asarray(encoded.pop("overflow_to_sample_mapping"), dtype=np.int64)
+            cut = [False] * len(owner)
+            windowed += int(np.sum(np.bincount(owner, minlength=len(texts)) > 1))
+        else:
+            owner = np.arange(len(texts))
+            cut = truncated_rows(tokenizer, texts, encoded, max_length)
+            truncated += sum(cut)
         lengths = np.array([len(ids) for ids in encoded["input_ids"]])
         tokens += int(lengths.sum())
         spans = [words.word_spans(t) for t in texts] if granularity == "word" else None
@@ -242,9 +273,15 @@ def embed_model(
             entries.append(shards.shard_entry(out_dir, name, len(existing.seq_id), len(seq_ids)))
             bar.update(len(seq_ids))
             continue
-        # per sequence of the chunk: {hidden-state index: (rows, dim)} and, for words, their indices
-        vectors: list[dict[int, np.ndarray]] = [{} for _ in texts]
-        word_ids: list[np.ndarray] = [np.zeros(0, np.int64) for _ in texts]
+        stored = (layer, *extra_layers)
+        # Accumulated over a text's pieces: sequence rows keep (Σ numerator, Σ denominator) of
+        # pool_parts per text; word rows keep per text the sum of each word's token states and
+        # its token count (a word cut by a window boundary collects tokens from both windows).
+        numerators: dict[int, torch.Tensor] = {}
+        denominators = torch.zeros(len(texts), device=device)
+        word_sums: list[dict[int, torch.Tensor]] = [{} for _ in texts]
+        word_counts = [np.zeros(len(s), np.int64) for s in spans] if spans is not None else None
+        pieces_left = np.bincount(owner, minlength=len(texts))
         with torch.inference_mode(), amp:
             for rows in token_budget_batches(lengths, int(cfg["batch_tokens"])):
                 features = tokenizer.pad(
@@ -253,30 +290,43 @@ def embed_model(
                 )
                 features = {k: v.to(device) for k, v in features.items()}
                 hidden = model(**features, output_hidden_states=True).hidden_states
-                if granularity == "word":
-                    # per row of the batch: its covered words, and for each (word, token) pair
-                    # the word's slot and the token's position
-                    members = []
-                    for i in rows:
-                        word, token = words.token_word_pairs(spans[i], encoded["offset_mapping"][i], cut[i])
-                        word_ids[i], slot = np.unique(word, return_inverse=True)
-                        members.append((torch.as_tensor(slot, device=device), torch.as_tensor(token, device=device)))
-                for k in (layer, *extra_layers):
-                    states = hidden[k].float()
-                    if granularity == "sequence":
-                        pooled = pool(states, features["attention_mask"], pooling, max_length).cpu().numpy()
-                        for j, i in enumerate(rows):
-                            vectors[i][k] = pooled[j : j + 1]
-                        continue
-                    for j, i in enumerate(rows):
-                        slot, token = members[j]
-                        sums = torch.zeros(len(word_ids[i]), states.shape[-1], device=device)
-                        sums.index_add_(0, slot, states[j, token])
-                        counts = torch.bincount(slot, minlength=len(word_ids[i])).clamp(min=1).unsqueeze(1)
-                        vectors[i][k] = (sums / counts).cpu().numpy()
-                bar.update(len(rows))
-        rows_per_seq = [len(v[layer]) for v in vectors]
-        columns = {k: np.concatenate([v[k] for v in vectors]).astype(np.float32) for k in (layer, *extra_layers)}
+                text_of_row = torch.as_tensor(owner[rows], device=device)
+                if granularity == "sequence":
+                    for k in stored:
+                        numerator, denominator = pool_parts(hidden[k].float(), features["attention_mask"], pooling, max_length)
+                        if k not in numerators:
+                            numerators[k] = torch.zeros(len(texts), numerator.shape[1], device=device)
+                        numerators[k].index_add_(0, text_of_row, numerator)
+                    denominators.index_add_(0, text_of_row, denominator)
+                else:
+                    states = {k: hidden[k].float() for k in stored}
+                    for j, piece in enumerate(rows):
+                        i = owner[piece]
+                        word, token = words.token_word_pairs(spans[i], encoded["offset_mapping"][piece], cut[piece])
+                        word_t, token_t = torch.as_tensor(word, device=device), torch.as_tensor(token, device=device)
+                        for k in stored:
+                            if k not in word_sums[i]:
+                                word_sums[i][k] = torch.zeros(len(spans[i]), states[k].shape[-1], device=device)
+                            word_sums[i][k].index_add_(0, word_t, states[k][j, token_t])
+                        word_counts[i] += np.bincount(word, minlength=len(spans[i]))
+                np.subtract.at(pieces_left, owner[rows], 1)
+                bar.update(int(np.sum(pieces_left[np.unique(owner[rows])] == 0)))
+        if granularity == "sequence":
+            word_ids = None
+            rows_per_seq = np.ones(len(texts), dtype=np.int64)
+            columns = {k: (numerators[k] / denominators.clamp(min=1).unsqueeze(1)).cpu().numpy() for k in stored}
+        else:
+            word_ids = [np.flatnonzero(c) for c in word_counts]
+            rows_per_seq = np.array([len(w) for w in word_ids])
+            columns = {}
+            for k in stored:
+                parts = []
+                for i, ids in enumerate(word_ids):
+                    counts = torch.as_tensor(word_counts[i][ids], device=device).unsqueeze(1)
+                    total = word_sums[i][k][torch.as_tensor(ids, device=device)]  # every text has ≥ 1 piece
+                    parts.append((total / counts).cpu().numpy())
+                columns[k] = np.concatenate(parts)
+        columns = {k: x.astype(np.float32) for k, x in columns.items()}
         dim = columns[layer].shape[1]
         row_seq = np.repeat(seq_ids, rows_per_seq)
         for k, x in columns.items():
@@ -311,7 +361,9 @@ def embed_model(
         "rows": rows,
         "sequences": int(sum(e["sequences"] for e in entries)),
         "tokens": tokens,
+        "overflow": overflow,
         "truncated_sequences": int(truncated),
+        "windowed_sequences": int(windowed),
         "split_counts": dict(sorted(split_counts.items())),
         "shards": entries,
     }
