@@ -81,6 +81,65 @@ def pool_parts(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, max_lengt
     raise EmbedError(f"unknown pooling {pooling!r}; choose one of {POOLINGS}")
 
 
+class SequencePooler:
+    """One row per text: Σ numerator / Σ denominator of :func:`pool_parts` over its pieces."""
+
+    def __init__(self, n_texts: int, stored: tuple[int, ...], pooling: str, max_length: int, device: torch.device):
+        self.n_texts, self.stored, self.pooling, self.max_length, self.device = n_texts, stored, pooling, max_length, device
+        self.numerators: dict[int, torch.Tensor] = {}
+        self.denominators = torch.zeros(n_texts, device=device)
+
+    def add(self, pieces: np.ndarray, texts: np.ndarray, hidden: tuple[torch.Tensor, ...], mask: torch.Tensor) -> None:
+        """Pool one batch: row j is piece ``pieces[j]`` of text ``texts[j]``."""
+        text_of_row = torch.as_tensor(texts, device=self.device)
+        for k in self.stored:
+            numerator, denominator = pool_parts(hidden[k].float(), mask, self.pooling, self.max_length)
+            if k not in self.numerators:
+                self.numerators[k] = torch.zeros(self.n_texts, numerator.shape[1], device=self.device)
+            self.numerators[k].index_add_(0, text_of_row, numerator)
+        self.denominators.index_add_(0, text_of_row, denominator)
+
+    def finish(self) -> tuple[dict[int, np.ndarray], np.ndarray, None]:
+        """({hidden-state index: (texts, dim)}, rows per text, no word indices)."""
+        scale = self.denominators.clamp(min=1).unsqueeze(1)
+        return ({k: (v / scale).cpu().numpy() for k, v in self.numerators.items()},
+                np.ones(self.n_texts, dtype=np.int64), None)
+
+
+class WordPooler:
+    """One row per covered word of each text: the mean of the states of the word's tokens, over
+    all the text's pieces (a word cut by a window boundary collects tokens from both windows)."""
+
+    def __init__(self, spans: list[np.ndarray], offsets: list, cut: list[bool], stored: tuple[int, ...],
+                 device: torch.device):
+        self.spans, self.offsets, self.cut, self.stored, self.device = spans, offsets, cut, stored, device
+        self.sums: list[dict[int, torch.Tensor]] = [{} for _ in spans]
+        self.counts = [np.zeros(len(s), np.int64) for s in spans]
+
+    def add(self, pieces: np.ndarray, texts: np.ndarray, hidden: tuple[torch.Tensor, ...], mask: torch.Tensor) -> None:
+        states = {k: hidden[k].float() for k in self.stored}
+        for j, (piece, i) in enumerate(zip(pieces, texts)):
+            word, token = words.token_word_pairs(self.spans[i], self.offsets[piece], self.cut[piece])
+            word_t, token_t = torch.as_tensor(word, device=self.device), torch.as_tensor(token, device=self.device)
+            for k in self.stored:
+                if k not in self.sums[i]:
+                    self.sums[i][k] = torch.zeros(len(self.spans[i]), states[k].shape[-1], device=self.device)
+                self.sums[i][k].index_add_(0, word_t, states[k][j, token_t])
+            self.counts[i] += np.bincount(word, minlength=len(self.spans[i]))
+
+    def finish(self) -> tuple[dict[int, np.ndarray], np.ndarray, list[np.ndarray]]:
+        """({hidden-state index: (words, dim)}, rows per text, covered word indices per text)."""
+        word_ids = [np.flatnonzero(c) for c in self.counts]
+        columns = {}
+        for k in self.stored:
+            parts = []
+            for i, ids in enumerate(word_ids):  # every text has ≥ 1 piece, so sums[i] holds k
+                counts = torch.as_tensor(self.counts[i][ids], device=self.device).unsqueeze(1)
+                parts.append((self.sums[i][k][torch.as_tensor(ids, device=self.device)] / counts).cpu().numpy())
+            columns[k] = np.concatenate(parts)
+        return columns, np.array([len(w) for w in word_ids]), word_ids
+
+
 def token_budget_batches(lengths: np.ndarray, batch_tokens: int) -> Iterator[np.ndarray]:
     """Indices of length-sorted batches whose padded size rows × max_len ≤ ``batch_tokens``.
 
@@ -273,14 +332,9 @@ def embed_model(
             entries.append(shards.shard_entry(out_dir, name, len(existing.seq_id), len(seq_ids)))
             bar.update(len(seq_ids))
             continue
-        stored = (layer, *extra_layers)
-        # Accumulated over a text's pieces: sequence rows keep (Σ numerator, Σ denominator) of
-        # pool_parts per text; word rows keep per text the sum of each word's token states and
-        # its token count (a word cut by a window boundary collects tokens from both windows).
-        numerators: dict[int, torch.Tensor] = {}
-        denominators = torch.zeros(len(texts), device=device)
-        word_sums: list[dict[int, torch.Tensor]] = [{} for _ in texts]
-        word_counts = [np.zeros(len(s), np.int64) for s in spans] if spans is not None else None
+        pooler = (SequencePooler(len(texts), (layer, *extra_layers), pooling, max_length, device)
+                  if granularity == "sequence" else
+                  WordPooler(spans, encoded["offset_mapping"], cut, (layer, *extra_layers), device))
         pieces_left = np.bincount(owner, minlength=len(texts))
         with torch.inference_mode(), amp:
             for rows in token_budget_batches(lengths, int(cfg["batch_tokens"])):
@@ -290,42 +344,10 @@ def embed_model(
                 )
                 features = {k: v.to(device) for k, v in features.items()}
                 hidden = model(**features, output_hidden_states=True).hidden_states
-                text_of_row = torch.as_tensor(owner[rows], device=device)
-                if granularity == "sequence":
-                    for k in stored:
-                        numerator, denominator = pool_parts(hidden[k].float(), features["attention_mask"], pooling, max_length)
-                        if k not in numerators:
-                            numerators[k] = torch.zeros(len(texts), numerator.shape[1], device=device)
-                        numerators[k].index_add_(0, text_of_row, numerator)
-                    denominators.index_add_(0, text_of_row, denominator)
-                else:
-                    states = {k: hidden[k].float() for k in stored}
-                    for j, piece in enumerate(rows):
-                        i = owner[piece]
-                        word, token = words.token_word_pairs(spans[i], encoded["offset_mapping"][piece], cut[piece])
-                        word_t, token_t = torch.as_tensor(word, device=device), torch.as_tensor(token, device=device)
-                        for k in stored:
-                            if k not in word_sums[i]:
-                                word_sums[i][k] = torch.zeros(len(spans[i]), states[k].shape[-1], device=device)
-                            word_sums[i][k].index_add_(0, word_t, states[k][j, token_t])
-                        word_counts[i] += np.bincount(word, minlength=len(spans[i]))
+                pooler.add(rows, owner[rows], hidden, features["attention_mask"])
                 np.subtract.at(pieces_left, owner[rows], 1)
                 bar.update(int(np.sum(pieces_left[np.unique(owner[rows])] == 0)))
-        if granularity == "sequence":
-            word_ids = None
-            rows_per_seq = np.ones(len(texts), dtype=np.int64)
-            columns = {k: (numerators[k] / denominators.clamp(min=1).unsqueeze(1)).cpu().numpy() for k in stored}
-        else:
-            word_ids = [np.flatnonzero(c) for c in word_counts]
-            rows_per_seq = np.array([len(w) for w in word_ids])
-            columns = {}
-            for k in stored:
-                parts = []
-                for i, ids in enumerate(word_ids):
-                    counts = torch.as_tensor(word_counts[i][ids], device=device).unsqueeze(1)
-                    total = word_sums[i][k][torch.as_tensor(ids, device=device)]  # every text has ≥ 1 piece
-                    parts.append((total / counts).cpu().numpy())
-                columns[k] = np.concatenate(parts)
+        columns, rows_per_seq, word_ids = pooler.finish()
         columns = {k: x.astype(np.float32) for k, x in columns.items()}
         dim = columns[layer].shape[1]
         row_seq = np.repeat(seq_ids, rows_per_seq)
