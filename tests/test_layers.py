@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lmdecomp import embed, layers, lmd, models, shards
-from test_embed import cfg as embed_cfg, reference, sequences  # noqa: F401  (fixture)
+from test_embed import cfg as embed_cfg, reference_windows, sequences  # noqa: F401  (fixture)
 
 SPLITS = np.array(["train", "val", "test"])
 
@@ -34,7 +34,7 @@ def test_every_stored_layer_equals_an_unbatched_forward_pass(tiny_model_dir, seq
         column = shards.layer_column(manifest, k)
         got = np.concatenate([p.columns[column] for p in shards.iter_shards(tmp_path / "e", columns=[column])])
         for i, text in enumerate(TEXTS):
-            np.testing.assert_allclose(got[i], reference(tiny_model_dir, text, k, "mean", 40), atol=2e-5)
+            np.testing.assert_allclose(got[i], reference_windows(tiny_model_dir, text, k, 40), atol=2e-5)
     with pytest.raises(shards.ShardError, match="hidden state 7 was not embedded"):
         shards.layer_column(manifest, 7)
 
