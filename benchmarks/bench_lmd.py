@@ -47,6 +47,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 from peak_memory import peak_rss_mib  # noqa: E402
+from scipy.linalg.blas import dsyrk  # noqa: E402
 import torch  # noqa: E402
 
 from lmdecomp import lmd, shards  # noqa: E402
@@ -123,9 +124,7 @@ def baseline_fit(x: torch.Tensor, labels: np.ndarray, zi: np.ndarray, ui: np.nda
     cov = torch.cov(torch.cat([z, u], dim=1).T)
     p = len(zi)
     s_zz, s_zu = cov[:p, :p], cov[:p, p:]
-    dims = basis_dims or [DIM] * (p // DIM)
-    ridge = torch.cat([ALPHA * torch.diagonal(block).mean().expand(len(block))
-                       for block in (s_zz[a:b, a:b] for a, b in zip(np.cumsum([0, *dims[:-1]]), np.cumsum(dims)))])
+    ridge = torch.from_numpy(lmd.ridge_penalty(torch.diagonal(s_zz).numpy(), basis_dims or [DIM] * (p // DIM), ALPHA))
     w_t = torch.linalg.solve(s_zz + torch.diag(ridge), s_zu)
     b = u.mean(0) - z.mean(0) @ w_t
     r2 = {}
@@ -156,18 +155,18 @@ def zoo_report(embeddings: Path, params_file: Path) -> dict:
     parts = list(lmd.aligned_shards(folders).rows)  # (split, float64 x in the moments' column order, seq_id)
     x_np = np.concatenate([x for _, x, _ in parts])
     labels = np.concatenate([np.asarray(split) for split, _, _ in parts])
-    t_floor, _ = timed(lambda: __import__("scipy.linalg.blas", fromlist=["dsyrk"]).dsyrk(1.0, x_np.T, trans=0, lower=0))
+    t_floor, _ = timed(lambda: dsyrk(1.0, x_np.T, trans=0, lower=0))
     x = torch.from_numpy(x_np)
-    cols = {n: moments.columns([n]) for n in names_}
     dims = dict(zip(moments.names, moments.dims))
+    # lmdecomp's R² per (basis, target, split); a leave-one-out basis is every other model
+    ours = {((r["basis"],), r["target"], r["split"]): r["r2"] for r in pair}
+    ours |= {(tuple(n for n in names_ if n != r["target"]), r["target"], r["split"]): r["r2"] for r in loo}
     t_base, check = 0.0, []
-    for row in [r for r in pair if r["split"] == "test"] + [r for r in loo if r["split"] == "test"]:
-        basis = [row["basis"]] if "basis" in row else [n for n in names_ if n != row["target"]]
-        ours = {r["split"]: r["r2"] for r in (pair if "basis" in row else loo)
-                if r["target"] == row["target"] and r.get("basis") == row.get("basis")}
-        t, r2 = timed(lambda: baseline_fit(x, labels, moments.columns(basis), cols[row["target"]], [dims[b] for b in basis]))
+    for basis, target in sorted({(b, t) for b, t, _ in ours}):
+        t, r2 = timed(lambda: baseline_fit(x, labels, moments.columns(basis), moments.columns([target]),
+                                           [dims[b] for b in basis]))
         t_base += t
-        check.append(max(abs(r2[s] - ours[s]) for s in lmd.SPLITS))
+        check.append(max(abs(r2[s] - ours[basis, target, s]) for s in lmd.SPLITS))
     total = t_acc + t_pair + t_loo
     return {"models": names_, "dims": [dims[n] for n in names_], "rows": dict(moments.n),
             "seconds": {"accumulate_moments": t_acc, "pairwise_all": t_pair, "leave_one_out_all": t_loo,
@@ -239,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         t_loo, loo = timed(lambda: lmd.fit_leave_one_out(moments, ALPHA))
         print(f"lmdecomp {MODELS} leave-one-out fits: {t_loo:.1f}s", flush=True)
         x_np, labels = load_in_memory(n_train)
-        t_floor, _ = timed(lambda: __import__("scipy.linalg.blas", fromlist=["dsyrk"]).dsyrk(1.0, x_np.T, trans=0, lower=0))
+        t_floor, _ = timed(lambda: dsyrk(1.0, x_np.T, trans=0, lower=0))
         print(f"floor: dsyrk over {x_np.shape[0]} × {width}: {t_floor:.1f}s", flush=True)
 
         x = torch.from_numpy(x_np)
