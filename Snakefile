@@ -1,6 +1,6 @@
 # lmdecomp: Language Model Decomposition and MPO, as one reproducible DAG.
 # Usage: snakemake --cores all [--configfile config/smoke.yaml]
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -11,9 +11,7 @@ configfile: "params.yaml"
 report: "workflow/report/workflow.rst"
 
 
-validate(config, "workflow/schemas/params.schema.yaml")
-
-
+# common.smk checks the config (schema and cross-key rules, naming each broken key) first.
 include: "workflow/rules/common.smk"
 include: "workflow/rules/corpus.smk"
 include: "workflow/rules/models.smk"

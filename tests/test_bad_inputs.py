@@ -26,6 +26,10 @@ def params_with(tmp_path, **sections):
     merged = load_params([REPO / "params.yaml", REPO / "config/smoke.yaml"])
     for key, value in sections.items():
         merged[key] = value
+    if "models" in sections:  # keep the keys that name models pointing at listed ones
+        names = [m["name"] for m in sections["models"]]
+        merged["mpo"]["models"] = [m for m in merged["mpo"]["models"] if m in names]
+        merged["mpobert"]["base"] = names[0]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(merged))
     return path, merged

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from lmdecomp.params import ParamsError, load_params, merge_params
+from lmdecomp.params import (
+    ParamsError,
+    UnlistedParam,
+    load_params,
+    merge_params,
+    restrict_params,
+    stage_param_keys,
+)
 
 
 def write(tmp_path, name, data):
@@ -38,6 +45,69 @@ def test_merge_follows_snakemake_rules():
     ],
 )
 def test_broken_params_name_the_key(repo_root, tmp_path, overlay, named):
+    bad = write(tmp_path, "bad.yaml", overlay)
+    with pytest.raises(ParamsError) as err:
+        load_params([repo_root / "params.yaml", bad], repo_root / "workflow/schemas/params.schema.yaml")
+    assert named in str(err.value)
+
+
+def test_a_stage_sees_exactly_the_keys_dvc_yaml_lists_for_it(tmp_path):
+    full = {"lmd": {"threads": 2, "alpha": 0.1, "grid": {"lo": 1}}, "models": [{"name": "a"}], "zoo": {"threads": 4}}
+    dvc = write(tmp_path, "dvc.yaml", {"stages": {
+        "fit": {"cmd": "x", "params": ["models", "lmd.threads", "lmd.grid.lo", "lmd.absent"]},
+        "each": {"foreach": [1], "do": {"cmd": "y", "params": ["zoo"]}},
+    }})
+    assert stage_param_keys("fit", dvc) == ["models", "lmd.threads", "lmd.grid.lo", "lmd.absent"]
+    assert stage_param_keys("each", dvc) == ["zoo"]
+    seen = restrict_params(full, stage_param_keys("fit", dvc), "fit")
+    assert seen == {"models": [{"name": "a"}], "lmd": {"threads": 2, "grid": {"lo": 1}}}
+    assert seen["lmd"].get("shards_per_job", 3) == 3  # absent from the full params too: a plain default
+    for read in (lambda: seen["lmd"]["alpha"], lambda: seen["lmd"].get("alpha"), lambda: seen["zoo"]):
+        with pytest.raises(UnlistedParam, match="dvc.yaml does not list"):
+            read()
+    with pytest.raises(KeyError):
+        seen["lmd"]["absent"]
+    with pytest.raises(ParamsError, match="no stage 'nope'"):
+        stage_param_keys("nope", dvc)
+
+
+def test_every_job_script_loads_only_its_stage_params_and_every_rule_tracks_them(repo_root):
+    """Scripts read params through load_stage_params(…, "<stage>"), and each rule running a script
+    takes its params from stage_params("<stage>"), the same dvc.yaml list."""
+    import re
+
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
+    script_stage = {}
+    for name, spec in stages.items():
+        for dep in spec.get("do", spec)["deps"]:
+            if dep.startswith("workflow/scripts/"):
+                script_stage[dep] = name
+    for script, stage in script_stage.items():
+        text = (repo_root / script).read_text()
+        if "--params" in text:
+            assert f'load_stage_params(args.params, "{stage}")' in text, script
+            assert "load_params(" not in text, script
+    rules = "\n".join(p.read_text() for p in sorted((repo_root / "workflow/rules").glob("*.smk")))
+    for block in re.split(r"\n\s*rule ", rules)[1:]:
+        script = re.search(r"python (workflow/scripts/\w+\.py)", block)
+        if script and "--params" in block:
+            assert f'stage_params("{script_stage[script.group(1)]}"' in block, block.split(":")[0]
+
+
+@pytest.mark.parametrize(
+    "overlay,named",
+    [
+        ({"models": [{"name": "a", "path": "p"}, {"name": "a", "path": "q"}]}, "['a'] named more than once"),
+        ({"embed": {"pooling": "cls"}}, "set embed.overflow: truncate"),
+        ({"embed": {"overflow": "truncate", "pooling": "cls", "granularity": "word"}}, "embed.granularity: word"),
+        ({"finetune": {"splits": {"train": 0.5, "val": 0.1, "test": 0.1}}}, "finetune.splits must sum to 1"),
+        ({"corpus": {"splits": {"train": 0.5, "val": 0.25, "test": 0.5}}}, "corpus.splits must sum to 1"),
+        ({"mpo": {"models": ["nope"]}}, "mpo.models: ['nope'] not under models:"),
+        ({"mpobert": {"base": "nope"}}, "mpobert.base: ['nope']"),
+        ({"lmd": {"shards_per_job": 2}, "corpus": {"n_sequences": None}}, "lmd.shards_per_job needs a number"),
+    ],
+)
+def test_rules_across_keys_name_the_keys(repo_root, tmp_path, overlay, named):
     bad = write(tmp_path, "bad.yaml", overlay)
     with pytest.raises(ParamsError) as err:
         load_params([repo_root / "params.yaml", bad], repo_root / "workflow/schemas/params.schema.yaml")

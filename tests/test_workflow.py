@@ -308,6 +308,10 @@ def test_broken_params_stop_snakemake_before_any_job(repo_root, tmp_path):
     proc = run(["snakemake", "-n", "--cores", "1", "--configfile", "bad.yaml"], work, check=False)
     assert proc.returncode != 0
     assert "pooling" in proc.stdout + proc.stderr and "median" in proc.stdout + proc.stderr
+    # A rule across keys (the schema allows each value alone) is checked before any job too.
+    (work / "bad.yaml").write_text("embed:\n  pooling: cls\n")
+    proc = run(["snakemake", "-n", "--cores", "1", "--configfile", "bad.yaml"], work, check=False)
+    assert proc.returncode != 0 and "set embed.overflow: truncate" in proc.stdout + proc.stderr
     assert not (work / "results").exists() or not any((work / "results").rglob("*.parquet"))
 
 

@@ -79,7 +79,112 @@ def load_params(
     if not Path(schema_path).is_file():
         raise ParamsError(f"schema {schema_path} not found: run from the workflow's root folder")
     validate_params(params, schema_path)
+    check_params(params)
     return params
+
+
+def check_params(params: Mapping[str, Any]) -> None:
+    """Rules across keys that the JSON schema does not express; every broken one is named."""
+    problems = []
+    names = [m["name"] for m in params.get("models", [])]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        problems.append(f"models: {repeated} named more than once; model names must be unique")
+    for key, wanted in (("mpo.models", params.get("mpo", {}).get("models", [])),
+                        ("mpobert.base", [params.get("mpobert", {}).get("base")] if "mpobert" in params else [])):
+        unknown = [w for w in wanted if w not in names]
+        if unknown:
+            problems.append(f"{key}: {unknown} not under models: (known: {names})")
+    embed = params.get("embed", {})
+    pooling = embed.get("pooling", "mean")
+    if embed.get("overflow") == "windows" and pooling != "mean":
+        problems.append(f"embed.overflow: windows averages over a long text's windows, which needs "
+                        f"embed.pooling: mean (got {pooling}); set embed.overflow: truncate")
+    if embed.get("granularity") == "word" and pooling != "mean":
+        problems.append(f"embed.granularity: word averages each word's tokens, which needs embed.pooling: mean (got {pooling})")
+    for key in ("corpus", "finetune"):
+        fractions = params.get(key, {}).get("splits")
+        if fractions and abs(sum(fractions.values()) - 1.0) > 1e-9:
+            problems.append(f"{key}.splits must sum to 1, got {dict(fractions)} (sum {sum(fractions.values()):g})")
+    if params.get("lmd", {}).get("shards_per_job") and params.get("corpus", {}).get("n_sequences") is None:
+        problems.append("lmd.shards_per_job needs a number in corpus.n_sequences: the moments jobs are "
+                        "planned before the corpus exists (or set lmd.shards_per_job: null)")
+    if problems:
+        raise ParamsError("params break these rules:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+# Both engines run the scripts from the workflow's root folder, where dvc.yaml lists the params
+# each stage reads.
+DVC_PATH = Path("dvc.yaml")
+
+
+def stage_param_keys(stage: str, dvc_path: str | os.PathLike = DVC_PATH) -> list[str]:
+    """The params.yaml keys (dotted paths) that dvc.yaml lists for ``stage``."""
+    stages = read_yaml(dvc_path).get("stages", {})
+    if stage not in stages:
+        raise ParamsError(f"{dvc_path} has no stage {stage!r}; stages: {sorted(stages)}")
+    spec = stages[stage].get("do", stages[stage])
+    return [k for entry in spec.get("params") or [] for k in ([entry] if isinstance(entry, str) else entry)]
+
+
+class UnlistedParam(ParamsError, KeyError):
+    """A job script read a params key its dvc.yaml stage does not list."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0])
+
+
+class StageParams(dict):
+    """The part of the params a stage lists in dvc.yaml, as nested dicts.
+
+    Reading a key that exists in the full params but is not listed raises
+    :class:`UnlistedParam`: the engines would not rerun the job when that key changes
+    (DVC tracks the listed keys, the Snakemake rules take theirs from the same list), so a
+    script must not see it. Missing keys that are absent from the full params behave as in
+    a plain dict.
+    """
+
+    def __init__(self, listed: Mapping[str, Any], full: Mapping[str, Any], stage: str, prefix: str = ""):
+        super().__init__(
+            (k, StageParams(v, full[k], stage, f"{prefix}{k}.") if isinstance(v, dict) else v)
+            for k, v in listed.items()
+        )
+        self._full, self._stage, self._prefix = full, stage, prefix
+
+    def _unlisted(self, key: str) -> UnlistedParam:
+        return UnlistedParam(
+            f"stage {self._stage!r} reads params key {self._prefix}{key!r}, which dvc.yaml does not "
+            f"list under its params: add it there, or the stage will not rerun when it changes"
+        )
+
+    def __missing__(self, key: str) -> Any:
+        if key in self._full:
+            raise self._unlisted(key)
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self and key in self._full:
+            raise self._unlisted(key)
+        return super().get(key, default)
+
+
+def restrict_params(params: Mapping[str, Any], keys: Sequence[str], stage: str) -> StageParams:
+    """The listed dotted ``keys`` of ``params`` (a listed key that is absent stays absent)."""
+    listed: dict[str, Any] = {}
+    for key in keys:
+        *parents, leaf = key.split(".")
+        source, target = params, listed
+        for part in parents:
+            source = source.get(part, {}) if isinstance(source, Mapping) else {}
+            target = target.setdefault(part, {})
+        if isinstance(source, Mapping) and leaf in source:
+            target[leaf] = copy.deepcopy(source[leaf])
+    return StageParams(listed, params, stage)
+
+
+def load_stage_params(paths: Sequence[str | os.PathLike], stage: str) -> StageParams:
+    """:func:`load_params`, restricted to the keys dvc.yaml lists for ``stage``."""
+    return restrict_params(load_params(paths), stage_param_keys(stage), stage)
 
 
 def model_names(params: Mapping[str, Any]) -> list[str]:

@@ -1,9 +1,10 @@
 # Small helpers that compute rule inputs and arguments from the config.
+import json
 from pathlib import Path
 
 import yaml
 
-from lmdecomp.params import load_params, model_spec
+from lmdecomp.params import load_params, model_spec, restrict_params, stage_param_keys
 
 
 def config_files():
@@ -12,7 +13,8 @@ def config_files():
 
 
 # The scripts re-read the config files themselves (as they do under DVC), so values
-# given with --config on the command line would not reach them: refuse those.
+# given with --config on the command line would not reach them: refuse those. load_params
+# also validates the files against the schema and the cross-key rules (lmdecomp.params).
 if load_params(config_files()) != config:
     raise WorkflowError(
         "--config overrides are not passed to the job scripts; put the values in a YAML file "
@@ -21,7 +23,8 @@ if load_params(config_files()) != config:
 
 PARAMS = " ".join(config_files())
 MODELS = [m["name"] for m in config["models"]]
-TASKS = [t["name"] for t in config["finetune"]["tasks"]]
+TASK_SPECS = {t["name"]: t for t in config["finetune"]["tasks"]}
+TASKS = list(TASK_SPECS)
 FINETUNE = {v["name"]: v for v in config["finetune"]["variants"]}
 _unbuilt = sorted({v["model"] for v in FINETUNE.values()} - set(config["mpobert"]["variants"]))
 if _unbuilt:
@@ -42,6 +45,32 @@ def code_deps(stage):
     its code changes, under Snakemake as under DVC, from one list the two engines share."""
     spec = _DVC_STAGES[stage]
     return [d for d in spec.get("do", spec)["deps"] if not d.startswith("results/")]
+
+
+def stage_params(stage, narrowed=None):
+    """A rule's params: the params.yaml values dvc.yaml lists for ``stage``, so Snakemake reruns a
+    job when one changes, as DVC does. They are the only values the stage's script can read
+    (lmdecomp.params.load_stage_params), so a job cannot go stale on an unlisted key.
+
+    ``narrowed`` maps a listed (dotted) key to a function of the wildcards giving the part of it
+    one job reads (one model's spec, one task), so editing one model reruns only its own jobs."""
+    keys = stage_param_keys(stage, Path(workflow.basedir) / "dvc.yaml")
+    narrowed = narrowed or {}
+    unknown = set(narrowed) - set(keys)
+    if unknown:
+        raise WorkflowError(f"stage_params({stage!r}) narrows {sorted(unknown)}, which dvc.yaml does not list")
+
+    def values(wildcards):
+        listed = json.loads(json.dumps(restrict_params(config, keys, stage)))  # plain dicts
+        for key, part in narrowed.items():
+            *parents, leaf = key.split(".")
+            target = listed
+            for name in parents:
+                target = target[name]
+            target[leaf] = part(wildcards)
+        return listed
+
+    return values
 
 
 def embedding_dirs(wildcards=None):

@@ -4,7 +4,7 @@ rule corpus:
     output:
         "results/corpus/sequences.parquet",
     params:
-        corpus=config["corpus"],
+        values=stage_params("corpus"),
     log:
         "results/logs/corpus.log",
     shell:

@@ -9,8 +9,7 @@ if SHARD_PARTS is None:
             moments="results/lmd/moments.safetensors",
             blocks="results/lmd/block_moments.safetensors",
         params:
-            models=MODELS,
-            blocks=config["lmd"]["bootstrap_blocks"],
+            values=stage_params("moments", {"models": lambda wc: MODELS}),
         threads: config["lmd"]["threads"]
         log:
             "results/logs/moments.log",
@@ -30,8 +29,7 @@ else:
         output:
             temp("results/lmd/parts/part-{part}.safetensors"),
         params:
-            models=MODELS,
-            blocks=config["lmd"]["bootstrap_blocks"],
+            values=stage_params("moments", {"models": lambda wc: MODELS}),
         wildcard_constraints:
             part=r"\d+",
         threads: config["lmd"]["threads"]
@@ -49,6 +47,8 @@ else:
         output:
             moments="results/lmd/moments.safetensors",
             blocks="results/lmd/block_moments.safetensors",
+        params:
+            values=stage_params("moments", {"models": lambda wc: MODELS}),
         threads: 1
         log:
             "results/logs/moments.log",
@@ -69,7 +69,7 @@ rule lmd_fit:
         selection=report("results/lmd/selection.parquet", caption="../report/tables.rst", category="Tables"),
         metrics=report("results/lmd/metrics.json", caption="../report/tables.rst", category="Tables"),
     params:
-        lmd=config["lmd"],
+        values=stage_params("lmd_fit"),
     threads: config["lmd"]["threads"]
     log:
         "results/logs/lmd_fit.log",
@@ -87,7 +87,7 @@ rule similarity:
     output:
         "results/lmd/similarity.parquet",
     params:
-        similarity=config["similarity"],
+        values=stage_params("similarity", {"models": lambda wc: MODELS}),
     threads: config["lmd"]["threads"]
     log:
         "results/logs/similarity.log",
@@ -104,7 +104,7 @@ rule lmd_layers:
     output:
         report("results/lmd/layers.parquet", caption="../report/tables.rst", category="Tables"),
     params:
-        lmd=config["lmd"],
+        values=stage_params("lmd_layers", {"models": lambda wc: MODELS}),
     threads: config["lmd"]["threads"]
     log:
         "results/logs/lmd_layers.log",

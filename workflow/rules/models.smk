@@ -6,8 +6,7 @@ rule model:
         model=directory("results/models/{model}"),
         metrics="results/metrics/models/{model}.json",
     params:
-        model=lambda wc: model_spec(config, wc.model),
-        zoo=config["zoo"],
+        values=stage_params("model", {"models": lambda wc: model_spec(config, wc.model)}),
     wildcard_constraints:
         model="|".join(MODELS),
     threads: lambda wc: config["zoo"]["threads"] if "pretrain" in model_spec(config, wc.model) else 1

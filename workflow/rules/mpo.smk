@@ -6,7 +6,7 @@ rule mpo:
     output:
         directory("results/mpo/{model}"),
     params:
-        mpo=config["mpo"],
+        values=stage_params("mpo", {"models": lambda wc: model_spec(config, wc.model)}),
     wildcard_constraints:
         model="|".join(MODELS),
     threads: max(1, config["embed"].get("threads", 1))
@@ -23,6 +23,8 @@ rule mpo_figure:
         mpo=expand("results/mpo/{model}", model=config["mpo"]["models"]),
     output:
         report("results/figures/mpo_tradeoff.png", caption="../report/mpo_tradeoff.rst", category="MPO"),
+    params:
+        values=stage_params("mpo_figure"),
     log:
         "results/logs/mpo_figure.log",
     shell:

@@ -9,7 +9,7 @@ rule variant:
     output:
         directory("results/variants/{variant}"),
     params:
-        mpobert=config["mpobert"],
+        values=stage_params("variant", {"models": lambda wc: model_spec(config, config["mpobert"]["base"])}),
     wildcard_constraints:
         variant="|".join(config["mpobert"]["variants"]),
     threads: config["mpobert"]["threads"]
@@ -27,7 +27,7 @@ rule task:
         table="results/tasks/{task}.parquet",
         record="results/tasks/{task}.json",
     params:
-        task=lambda wc: next(t for t in config["finetune"]["tasks"] if t["name"] == wc.task),
+        values=stage_params("task", {"finetune.tasks": lambda wc: [TASK_SPECS[wc.task]]}),
     wildcard_constraints:
         task="|".join(TASKS),
     log:
@@ -45,8 +45,8 @@ rule finetune:
     output:
         "results/finetune/{task}/{variant}/metrics.json",
     params:
-        variant=lambda wc: FINETUNE[wc.variant],
-        finetune={k: v for k, v in config["finetune"].items() if k not in ("tasks", "variants")},
+        values=stage_params("finetune", {"finetune": lambda wc: {
+            **config["finetune"], "tasks": [TASK_SPECS[wc.task]], "variants": [FINETUNE[wc.variant]]}}),
     wildcard_constraints:
         task="|".join(TASKS),
         variant="|".join(FINETUNE),
@@ -66,6 +66,8 @@ rule finetune_summary:
         table=report("results/tables/finetune.csv", caption="../report/finetune_table.rst", category="MPOBERT"),
         headline=report("results/tables/finetune_headline.csv", caption="../report/finetune_headline.rst", category="MPOBERT"),
         figure=report("results/figures/finetune_tradeoff.png", caption="../report/finetune_tradeoff.rst", category="MPOBERT"),
+    params:
+        values=stage_params("finetune_summary"),
     log:
         "results/logs/finetune_summary.log",
     shell:

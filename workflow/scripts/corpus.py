@@ -5,14 +5,14 @@ import json
 import sys
 
 from lmdecomp import corpus, models
-from lmdecomp.params import load_params
+from lmdecomp.params import load_stage_params
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
 parser.add_argument("--out", required=True, help="output Parquet file")
 args = parser.parse_args()
 
-cfg = load_params(args.params)["corpus"]
+cfg = load_stage_params(args.params, "corpus")["corpus"]
 tokenizer = models.resolve({"name": "reference_tokenizer", **cfg["reference_tokenizer"]}).load_tokenizer()
 table, report = corpus.build_sequences(cfg, tokenizer)
 corpus.write_sequences(table, args.out)

@@ -3,7 +3,7 @@
 import argparse
 
 from lmdecomp import embed, models
-from lmdecomp.params import load_params, model_spec
+from lmdecomp.params import load_stage_params, model_spec
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -12,6 +12,6 @@ parser.add_argument("--sequences", required=True, help="sequences.parquet from t
 parser.add_argument("--out", required=True, help="output folder for shards and manifest.json")
 args = parser.parse_args()
 
-params = load_params(args.params)
+params = load_stage_params(args.params, "embed")
 ref = models.resolve(model_spec(params, args.model))
 embed.embed_model(ref, args.sequences, args.out, params["embed"])

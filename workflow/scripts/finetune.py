@@ -8,7 +8,7 @@ import torch
 
 from lmdecomp import finetune, variants
 from lmdecomp.atomic import write_text
-from lmdecomp.params import load_params
+from lmdecomp.params import load_stage_params
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -18,7 +18,7 @@ parser.add_argument("--model", required=True, help="the variant's model folder r
 parser.add_argument("--out", required=True, help="output metrics.json")
 args = parser.parse_args()
 
-cfg = load_params(args.params)["finetune"]
+cfg = load_stage_params(args.params, "finetune")["finetune"]
 torch.set_num_threads(cfg["threads"])
 spec = next(v for v in cfg["variants"] if v["name"] == args.variant)
 model_variant, trainable = spec["model"], spec.get("trainable", "all")

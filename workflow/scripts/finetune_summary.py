@@ -8,7 +8,7 @@ import polars as pl
 
 from lmdecomp import finetune, plots
 from lmdecomp.atomic import atomic_path
-from lmdecomp.params import load_params
+from lmdecomp.params import load_stage_params
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -18,7 +18,7 @@ parser.add_argument("--headline", required=True, help="output CSV: the MPOBERT c
 parser.add_argument("--figure", required=True, help="output PNG")
 args = parser.parse_args()
 
-cfg = load_params(args.params)["finetune"]
+cfg = load_stage_params(args.params, "finetune_summary")["finetune"]
 KEYS = ("layers", "parameters", "trainable_parameters", "test_accuracy", "test_macro_f1", "val_accuracy", "chance_accuracy")
 rows = []
 for task in (t["name"] for t in cfg["tasks"]):

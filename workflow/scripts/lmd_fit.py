@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from lmdecomp import lmd
 from lmdecomp.atomic import atomic_path, write_text
-from lmdecomp.params import load_params
+from lmdecomp.params import load_stage_params
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -22,7 +22,7 @@ parser.add_argument("--selection", required=True,
 parser.add_argument("--metrics", required=True, help="output JSON (DVC metrics)")
 args = parser.parse_args()
 
-cfg = load_params(args.params)["lmd"]
+cfg = load_stage_params(args.params, "lmd_fit")["lmd"]
 moments = lmd.Moments.load(args.moments)
 blocks = lmd.BlockMoments.load(args.blocks)
 with lmd.blas_threads(cfg["threads"]):

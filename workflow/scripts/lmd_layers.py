@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from lmdecomp import layers, lmd
 from lmdecomp.atomic import atomic_path
-from lmdecomp.params import load_params, model_names
+from lmdecomp.params import load_stage_params, model_names
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -19,7 +19,7 @@ parser.add_argument("--out", required=True,
                     help="output Parquet: model, layer, relative_depth, target, basis, split, r2, alpha, r2_lo, r2_hi")
 args = parser.parse_args()
 
-params = load_params(args.params)
+params = load_stage_params(args.params, "lmd_layers")
 cfg = params["lmd"]
 columns = layers.layer_columns({name: Path(args.embeddings) / name for name in model_names(params)})
 with lmd.blas_threads(cfg["threads"]):

@@ -7,7 +7,7 @@ import torch
 
 from lmdecomp import corpus, models
 from lmdecomp.atomic import write_text
-from lmdecomp.params import load_params, model_spec
+from lmdecomp.params import load_stage_params, model_spec
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -17,7 +17,7 @@ parser.add_argument("--out", required=True, help="output folder results/models/{
 parser.add_argument("--metrics", required=True, help="output JSON results/metrics/models/{model}.json (a DVC metric)")
 args = parser.parse_args()
 
-params = load_params(args.params)
+params = load_stage_params(args.params, "model")
 spec = model_spec(params, args.model)
 train_texts = val_texts = None
 if "pretrain" in spec:

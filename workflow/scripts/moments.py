@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from lmdecomp import lmd, shards
-from lmdecomp.params import load_params, model_names
+from lmdecomp.params import load_stage_params, model_names
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -21,7 +21,7 @@ parser.add_argument("--part", type=int, help="scale-out: compute part P of the p
 parser.add_argument("--reduce", nargs="+", help="scale-out: the parts' outputs, in part order, to combine")
 args = parser.parse_args()
 
-params = load_params(args.params)
+params = load_stage_params(args.params, "moments")
 cfg = params["lmd"]
 folders = {name: Path(args.embeddings) / name for name in model_names(params)}
 per_block = lmd.rows_per_block(args.sequences, cfg["bootstrap_blocks"])

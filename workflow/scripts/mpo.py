@@ -10,7 +10,7 @@ from transformers import AutoModelForMaskedLM
 
 from lmdecomp import compression, corpus, models
 from lmdecomp.atomic import atomic_dir
-from lmdecomp.params import load_params, model_spec
+from lmdecomp.params import load_stage_params, model_spec
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -19,7 +19,7 @@ parser.add_argument("--sequences", required=True, help="sequences.parquet (val t
 parser.add_argument("--out", required=True, help="output folder results/mpo/{model}")
 args = parser.parse_args()
 
-params = load_params(args.params)
+params = load_stage_params(args.params, "mpo")
 cfg = params["mpo"]
 torch.set_num_threads(params["embed"]["threads"])
 ref = models.resolve(model_spec(params, args.model))

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from lmdecomp import lmd, similarity
 from lmdecomp.atomic import atomic_path
-from lmdecomp.params import load_params, model_names
+from lmdecomp.params import load_stage_params, model_names
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -18,7 +18,7 @@ parser.add_argument("--moments", required=True)
 parser.add_argument("--out", required=True, help="output Parquet: a, b, split, rows, cka, cka_unbiased, mutual_knn, knn_k")
 args = parser.parse_args()
 
-params = load_params(args.params)
+params = load_stage_params(args.params, "similarity")
 cfg = params["similarity"]
 folders = {name: Path(args.embeddings) / name for name in model_names(params)}
 with lmd.blas_threads(params["lmd"]["threads"]):

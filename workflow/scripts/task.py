@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 
 from lmdecomp import tasks
 from lmdecomp.atomic import atomic_path, write_text
-from lmdecomp.params import load_params
+from lmdecomp.params import load_stage_params
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -16,7 +16,7 @@ parser.add_argument("--out", required=True, help="output results/tasks/{task}.pa
 parser.add_argument("--record", required=True, help="output results/tasks/{task}.json")
 args = parser.parse_args()
 
-cfg = load_params(args.params)["finetune"]
+cfg = load_stage_params(args.params, "task")["finetune"]
 spec = next(t for t in cfg["tasks"] if t["name"] == args.task)
 table, record = tasks.load_task(args.task, spec, cfg["seed"], cfg["splits"])
 with atomic_path(args.out) as tmp:

@@ -7,7 +7,7 @@ import torch
 
 from lmdecomp import corpus, models, variants
 from lmdecomp.atomic import atomic_dir
-from lmdecomp.params import load_params, model_spec
+from lmdecomp.params import load_stage_params, model_spec
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")
@@ -16,7 +16,7 @@ parser.add_argument("--sequences", required=True, help="sequences.parquet (train
 parser.add_argument("--out", required=True, help="output folder results/variants/{variant}")
 args = parser.parse_args()
 
-params = load_params(args.params)
+params = load_stage_params(args.params, "variant")
 cfg = params["mpobert"]
 torch.set_num_threads(cfg["threads"])
 ref = models.resolve(model_spec(params, cfg["base"]))
