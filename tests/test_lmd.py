@@ -213,3 +213,107 @@ def test_models_with_different_seq_ids_are_refused(tmp_path):
     write_embeddings(tmp_path / "b", "b", np.arange(40) + 1, split, rng.normal(size=(40, 3)).astype(np.float32), 20)
     with pytest.raises(lmd.LMDError, match="different seq_id sets"):
         lmd.accumulate_moments({"a": tmp_path / "a", "b": tmp_path / "b"})
+
+
+# ------------------------------------------------------------------ inputs that are refused
+
+
+def _three_models(seed=30, n=300, const=None):
+    """Moments of models a, b, c (and their block moments); ``const`` replaces c by that constant."""
+    rng = np.random.default_rng(seed)
+    blocks = planted(rng, n, [4, 3, 5])
+    if const is not None:
+        blocks[2] = np.full((n, 5), const)
+    split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n, p=[0.6, 0.2, 0.2])
+    m = moments_of(blocks, ["a", "b", "c"], split)
+    edges = np.linspace(0, n, 6).astype(int)
+    bm = lmd.BlockMoments.from_moments([moments_of([b[lo:hi] for b in blocks], ["a", "b", "c"], split[lo:hi])
+                                        for lo, hi in zip(edges[:-1], edges[1:])])
+    return m, bm
+
+
+ENTRY_POINTS = {
+    "fit_ridge": lambda m, bm, a: lmd.fit_ridge(m, ["a"], "b", a),
+    "fit_targets": lambda m, bm, a: lmd.fit_targets(m, ["a"], ["b", "c"], a),
+    "fit_with_alpha": lambda m, bm, a: lmd.fit_with_alpha(m, ["a", "c"], "b", a),
+    "fit_pairwise": lambda m, bm, a: lmd.fit_pairwise(m, a),
+    "fit_leave_one_out": lambda m, bm, a: lmd.fit_leave_one_out(m, a),
+    "greedy_selection": lambda m, bm, a: lmd.greedy_selection(m, "b", a),
+    "bootstrap_r2_samples": lambda m, bm, a: lmd.bootstrap_r2_samples(bm, ["a"], "b", a, n_boot=5),
+    "bootstrap_r2": lambda m, bm, a: lmd.bootstrap_r2(bm, ["a"], "b", a, n_boot=5),
+    "ridge_penalty": lambda m, bm, a: lmd.ridge_penalty(np.ones(3), [3], a),
+}
+
+
+@pytest.mark.parametrize("alpha", [-0.5, float("nan"), float("inf"), "0.1"])
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_one_alpha_must_be_finite_and_non_negative_everywhere(entry, alpha):
+    """The grid's check applies to a single α too: a negative ridge ran silently, NaN gave all-NaN
+    R² (or a StopIteration in fit_pairwise)."""
+    m, bm = _three_models()
+    ENTRY_POINTS[entry](m, bm, 0.1)  # the same call with a valid α runs
+    with pytest.raises(lmd.LMDError, match="α must be"):
+        ENTRY_POINTS[entry](m, bm, alpha)
+
+
+def test_fits_need_at_least_two_models_and_a_basis():
+    rng = np.random.default_rng(31)
+    x = rng.normal(size=(200, 3))
+    split = np.array(["train", "val", "test"] * 66 + ["train", "train"], dtype=object)
+    one = moments_of([x], ["a"], split)
+    for fit in (lmd.fit_pairwise, lmd.fit_leave_one_out):
+        with pytest.raises(lmd.LMDError, match="LMD needs at least two models"):
+            fit(one, 0.1)
+    with pytest.raises(lmd.LMDError, match="LMD needs at least two models"):
+        lmd.greedy_selection(one, "a", 0.1)
+    m, bm = _three_models()
+    with pytest.raises(lmd.LMDError, match="on an empty basis"):
+        lmd.fit_ridge(m, [], "b", 0.1)
+    with pytest.raises(lmd.LMDError, match="on an empty basis"):
+        lmd.fit_targets(m, [], ["b"], [0.1, 1.0])
+    with pytest.raises(lmd.LMDError, match="on an empty basis"):
+        lmd.bootstrap_r2_samples(bm, [], "b", 0.1, n_boot=5)
+    with pytest.raises(lmd.LMDError, match="as a list"):
+        lmd.fit_ridge(m, "a", "b", 0.1)
+
+
+def test_unknown_model_names_are_listed():
+    from lmdecomp import similarity
+
+    m, bm = _three_models()
+    known = r"these moments hold \['a', 'b', 'c'\]"
+    for call in (lambda: lmd.fit_ridge(m, ["zz"], "b", 0.1), lambda: lmd.fit_ridge(m, ["a"], "zz", 0.1),
+                 lambda: lmd.fit_targets(m, ["a"], ["zz"], 0.1),
+                 lambda: similarity.cka_from_moments(m, "zz", "a"),
+                 lambda: lmd.bootstrap_r2_samples(bm, ["a", "zz"], "b", 0.1, n_boot=5),
+                 lambda: bm.select(["zz"])):
+        with pytest.raises(lmd.LMDError, match=rf"unknown model\(s\) \['zz'\]; {known}"):
+            call()
+
+
+@pytest.mark.parametrize("const", [0.0, 0.1, 3.7e4])
+def test_a_constant_basis_model_is_named(const):
+    """tr(S_cc) = 0 (exactly, or up to the rounding of C − nμμᵀ for a constant like 0.1) makes
+    c's λ = α·tr(S_cc)/p zero for every α: the error names c instead of asking for an α > 0."""
+    m, bm = _three_models(const=const)
+    message = "basis model 'c' is constant on the train split"
+    calls = [lambda: lmd.fit_ridge(m, ["a", "c"], "b", 0.1), lambda: lmd.fit_ridge(m, ["c"], "b", 0.0),
+             lambda: lmd.fit_targets(m, ["c"], ["a", "b"], [0.0, 0.1, 1.0]),
+             lambda: lmd.fit_pairwise(m, [0.1, 1.0]), lambda: lmd.fit_leave_one_out(m, 0.1),
+             lambda: lmd.greedy_selection(m, "b", 0.1),
+             lambda: lmd.bootstrap_r2_samples(bm, ["a", "c"], "b", 0.1, n_boot=5)]
+    for call in calls:
+        with pytest.raises(lmd.LMDError, match=message):
+            call()
+    # a model with a tiny spread around a large offset is not constant: std/|mean| = 1e-5 here
+    rng = np.random.default_rng(32)
+    n = 300
+    split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n, p=[0.6, 0.2, 0.2])
+    z = 1e4 + 0.1 * rng.normal(size=(n, 2))
+    u = (z - 1e4) @ rng.normal(size=(2, 3)) + rng.normal(size=(n, 3))
+    tiny = moments_of([z, u], ["z", "u"], split)
+    fit = lmd.fit_ridge(tiny, ["z"], "u", 0.01)
+    train = split == "train"
+    w, b = ridge_reference(z[train], u[train], 0.01)
+    # C − nμμᵀ cancels mean²/var = 1e10 here: ~eps·1e10 relative error left, hence the rtol
+    np.testing.assert_allclose(fit.weight, w, rtol=1e-4)

@@ -36,6 +36,7 @@ Beyond the fixed-α fits:
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
@@ -68,9 +69,63 @@ def blas_threads(threads: int):
 
 
 def _columns(all_names: Sequence[str], dims: Sequence[int], names: Iterable[str]) -> np.ndarray:
+    if isinstance(names, str):
+        raise LMDError(f"give model names as a list, e.g. [{names!r}]; got the string {names!r}")
+    names = list(names)
+    if not names:
+        raise LMDError("no models named: a basis (or target list) needs at least one model")
+    unknown = [n for n in names if n not in all_names]
+    if unknown:
+        raise LMDError(f"unknown model(s) {unknown}; these moments hold {list(all_names)}")
     starts = np.cumsum([0, *dims])
     index = {name: i for i, name in enumerate(all_names)}
     return np.concatenate([np.arange(starts[index[n]], starts[index[n] + 1]) for n in names])
+
+
+def _check_basis(basis: Sequence[str], targets: Sequence[str]) -> None:
+    if isinstance(basis, str):
+        raise LMDError(f"give the basis as a list of model names, e.g. [{basis!r}]; got the string {basis!r}")
+    if not len(basis):
+        raise LMDError(f"fit of {list(targets)} on an empty basis: name at least one basis model")
+    for t in targets:
+        if t in basis:
+            raise LMDError(f"target {t!r} cannot be part of its own basis")
+
+
+# A model whose train scatter trace is below this fraction of its raw sum of squares Σ‖x_j‖² is
+# constant up to float64 rounding of C − n μμᵀ (relative error ~ eps·log n, far below 1e-12;
+# float32 embeddings that vary at all sit far above it).
+_CONSTANT_RTOL = 1e-12
+
+
+def _check_basis_variance(names: Sequence[str], dims: Sequence[int], scatter_diagonal: np.ndarray,
+                          square_diagonal: np.ndarray) -> None:
+    """Refuse a basis model that is constant on train: tr(S_jj) = 0 makes its ridge
+    λ_j = α · tr(S_jj) / p_j zero whatever α, so S_zz + diag λ is singular for every α and the
+    usual advice (α > 0) cannot help. ``scatter_diagonal`` / ``square_diagonal``: the diagonals
+    of the train S and C over the named models' columns, in order."""
+    starts = np.cumsum([0, *dims])[:-1]
+    scatter = np.add.reduceat(np.asarray(scatter_diagonal, dtype=np.float64), starts)
+    square = np.add.reduceat(np.asarray(square_diagonal, dtype=np.float64), starts)
+    for name, tr_s, tr_c in zip(names, scatter, square):
+        if not tr_s > _CONSTANT_RTOL * tr_c:  # also catches NaN
+            raise LMDError(f"basis model {name!r} is constant on the train split (tr S = {tr_s:.3g}): its "
+                           "ridge λ = α·tr(S)/p is 0 for every α and the fit is singular; re-embed it or "
+                           "drop it from models:")
+
+
+def _check_moments_basis(moments: "Moments", basis: Sequence[str], cols: np.ndarray) -> None:
+    scatter = moments.centred("train")[2]
+    _check_basis_variance(basis, _dims_of(moments, basis), np.diagonal(scatter)[cols],
+                          np.diagonal(moments.cross["train"])[cols])
+
+
+def _check_two_models(names: Sequence[str], what: str) -> None:
+    """LMD explains each model by the others: with one model there is nothing to fit (a
+    leave-one-out fit on an empty basis would be intercept-only, R² ≈ 0, not an answer)."""
+    if len(names) < 2:
+        raise LMDError(f"LMD needs at least two models for {what}; these moments hold {list(names)}: "
+                       "list two or more models under models: in the config")
 
 
 def _syrk_lower(cross: np.ndarray, rows: np.ndarray) -> None:
@@ -341,10 +396,11 @@ def ridge_penalty(scatter_diagonal: np.ndarray, dims: Sequence[int], alpha: floa
     the single λ = α · tr(S_zz) / p. Because a column's λ depends only on its own model, every
     leave-one-out fit is a block of one regularised joint matrix (:func:`fit_leave_one_out`).
     ``scatter_diagonal`` may carry leading batch axes (bootstrap replicates)."""
+    alpha = _one_alpha(alpha, "ridge_penalty")
     diag = np.asarray(scatter_diagonal, dtype=np.float64)
     starts = np.cumsum([0, *dims])[:-1]
     block_mean = np.add.reduceat(diag, starts, axis=-1) / np.asarray(dims, dtype=np.float64)
-    return float(alpha) * np.repeat(block_mean, dims, axis=-1)
+    return alpha * np.repeat(block_mean, dims, axis=-1)
 
 
 def _ridge_solve(s_zz: np.ndarray, penalty: np.ndarray, rhs: np.ndarray, what: str) -> np.ndarray:
@@ -369,17 +425,18 @@ def _check_least_squares(n: int, p: int, alpha: float, what: str) -> None:
 def fit_ridge(moments: Moments, basis: Sequence[str], target: str, alpha: float) -> RidgeFit:
     """Closed-form ridge fit of ``target`` on the concatenated ``basis`` from train moments:
     Wᵀ = (S_zz + diag λ)⁻¹ S_zu with λ from :func:`ridge_penalty`, b = μ_u − W μ_z."""
-    if target in basis:
-        raise LMDError(f"target {target!r} cannot be part of its own basis")
+    alpha = _one_alpha(alpha, "fit_ridge")
+    _check_basis(basis, [target])
     what = f"fit of {target!r} on {list(basis)}"
     zi, ui = moments.columns(basis), moments.columns([target])
     n, mean, scatter = moments.centred("train")
+    _check_moments_basis(moments, basis, zi)
     _check_least_squares(n, len(zi), alpha, what)
     s_zz = scatter[np.ix_(zi, zi)]
     penalty = ridge_penalty(np.diagonal(s_zz), _dims_of(moments, basis), alpha)
     weight = _ridge_solve(s_zz, penalty, scatter[np.ix_(zi, ui)], what).T
     bias = mean[ui] - weight @ mean[zi]
-    return RidgeFit(tuple(basis), target, float(alpha), weight, bias)
+    return RidgeFit(tuple(basis), target, alpha, weight, bias)
 
 
 def r_squared(moments: Moments, fit: RidgeFit, split: str) -> float:
@@ -399,7 +456,9 @@ def r_squared(moments: Moments, fit: RidgeFit, split: str) -> float:
 
 
 def _alpha_grid(alpha) -> tuple[float, ...] | None:
-    """A grid of α as a tuple of floats, or None when ``alpha`` is one number."""
+    """A grid of α as a tuple of floats, or None when ``alpha`` is one number; either way every α
+    is checked to be finite and >= 0 (every fit entry point goes through here or
+    :func:`_one_alpha`: a negative λ makes S_zz + diag λ indefinite, a NaN poisons every R²)."""
     if isinstance(alpha, (list, tuple, np.ndarray)):
         grid = tuple(float(a) for a in np.asarray(alpha, dtype=np.float64).ravel())
         if not grid:
@@ -407,7 +466,21 @@ def _alpha_grid(alpha) -> tuple[float, ...] | None:
         if not all(np.isfinite(a) and a >= 0 for a in grid):
             raise LMDError(f"every α of the grid must be finite and >= 0; got {list(grid)}")
         return grid
+    if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool):
+        raise LMDError(f"α must be a number >= 0 or a list of them (a grid); got {alpha!r}")
+    value = float(alpha)
+    if not (np.isfinite(value) and value >= 0):
+        raise LMDError(f"α must be finite and >= 0 (0 = least squares); got {alpha!r}: set lmd.alpha to "
+                       "e.g. 0.01, or a grid such as [0.001, 0.01, 0.1]")
     return None
+
+
+def _one_alpha(alpha, what: str) -> float:
+    """One checked α (:func:`_alpha_grid`); a grid is an error naming ``what`` refused it."""
+    if _alpha_grid(alpha) is not None:
+        raise LMDError(f"{what} takes one α, not the grid {list(np.ravel(alpha))}; use fit_with_alpha or "
+                       "select_alpha to choose one on val")
+    return float(alpha)
 
 
 def _sub(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -465,15 +538,14 @@ def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], 
     singular basis or one wider than the train rows)."""
     if not targets:
         raise LMDError("no targets to fit")
-    for t in targets:
-        if t in basis:
-            raise LMDError(f"target {t!r} cannot be part of its own basis")
+    _check_basis(basis, targets)
     grid = _alpha_grid(alpha)
     strict = grid is None  # one α: an ill-posed fit is an error, not a skipped grid point
     grid = grid or (float(alpha),)
     zi, ti = moments.columns(basis), moments.columns(targets)
     starts = np.cumsum([0, *_dims_of(moments, targets)])
     n, mean, scatter = moments.centred("train")
+    _check_moments_basis(moments, basis, zi)
     s_zz, s_zt = _sub(scatter, zi, zi), _sub(scatter, zi, ti)
     diagonal = np.diagonal(s_zz).copy()
     val = np.full((len(grid), len(targets)), np.nan)
@@ -533,11 +605,12 @@ def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dic
     ``alpha`` is one ridge strength, or a list/tuple/array grid from which each fit picks
     its own α by val R²; each row's ``alpha`` is the one used. All targets of one basis model
     share its Cholesky factor (:func:`fit_targets`) and are scored together."""
+    _alpha_grid(alpha)
+    _check_two_models(moments.names, "pairwise fits")
+    _check_moments_basis(moments, moments.names, np.arange(moments.width))  # every model is a basis
     scores = {}
     for basis in moments.names:
         targets = [n for n in moments.names if n != basis]
-        if not targets:
-            continue
         fits = fit_targets(moments, [basis], targets, alpha)
         zi = moments.columns([basis])
         weight_t = np.concatenate([fits[t][0].weight.T for t in targets], axis=1)
@@ -592,8 +665,10 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
     grid = _alpha_grid(alpha)
     strict = grid is None
     grid = grid or (float(alpha),)
+    _check_two_models(moments.names, "leave-one-out fits")
     names, width = moments.names, moments.width
     n, mean, scatter = moments.centred("train")
+    _check_moments_basis(moments, names, np.arange(width))  # every model is in some basis
     bounds = np.cumsum([0, *moments.dims])
     diagonal = np.diagonal(scatter).copy()
     best: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}  # target → (val R², α, Rᵀ, λ)
@@ -883,8 +958,8 @@ def bootstrap_r2_samples(
     """
     if _alpha_grid(alpha) is not None:
         raise LMDError("bootstrap_r2 takes one α; pass the α chosen on the full data (the fit row's alpha)")
-    if target in basis:
-        raise LMDError(f"target {target!r} cannot be part of its own basis")
+    alpha = float(alpha)
+    _check_basis(basis, [target])
     if not isinstance(blocks, BlockMoments):
         blocks = BlockMoments.from_moments(list(blocks))
     splits = [split] if isinstance(split, str) else list(split)
@@ -893,6 +968,12 @@ def bootstrap_r2_samples(
     basis_dims = [blocks.dims[blocks.names.index(b)] for b in basis]
     zi, ui = np.arange(p), np.arange(p, w)
     n_blocks = len(blocks)
+    # the full data's train moments: a constant basis model fails every replicate the same way
+    n_all = blocks.n[:, 0].sum()
+    if n_all > 0:
+        sum_all = blocks.sums[:, 0][:, cols[:p]].sum(axis=0)
+        square_all = blocks.cross[:, 0][:, cols[:p], cols[:p]].sum(axis=0)  # diagonal of Σ_b C_b
+        _check_basis_variance(basis, basis_dims, square_all - sum_all**2 / n_all, square_all)
     weights = bootstrap_weights(n_blocks, n_boot, seed).astype(np.float64)
 
     def sliced(s):
@@ -1005,6 +1086,8 @@ def greedy_selection(
     candidates = [n for n in moments.names if n != target]
     if target not in moments.names:
         raise LMDError(f"unknown target {target!r}; models are {moments.names}")
+    _alpha_grid(alpha)
+    _check_two_models(moments.names, "greedy basis selection")
     steps = len(candidates) if max_k is None else min(int(max_k), len(candidates))
     selected: list[str] = []
     rows = []
