@@ -206,6 +206,34 @@ def test_moments_computed_in_parts_reduce_to_the_one_pass_bits(tmp_path, per_job
         lmd.reduce_block_moments([one_pass])
 
 
+def test_parts_that_do_not_tile_the_shards_are_refused(tmp_path):
+    """Parts of one shard each: a part passed twice, missing, or out of order would add blocks
+    twice or leave them empty, silently; the reduce checks the recorded shard ranges instead."""
+    rng = np.random.default_rng(5)
+    n = 160
+    split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n)
+    for name in ("a", "b"):
+        write_embeddings(tmp_path / name, name, np.arange(n), split, rng.normal(size=(n, 3)).astype(np.float32), 40)
+    folders = {name: tmp_path / name for name in ("a", "b")}
+    p0, p1, p2, p3 = (lmd.accumulate_block_moments(folders, rows_per_block=30, shard_range=(k, k + 1))
+                      for k in range(4))
+    assert p2.info["shard_range"] == [2, 3] and p2.info["n_shards"] == 4
+    reduced = lmd.reduce_block_moments([p0, p1, p2, p3])
+    assert "shard_range" not in reduced.info and "block_offset" not in reduced.info
+    np.testing.assert_array_equal(reduced.n.sum(axis=0), [(split == s).sum() for s in lmd.SPLITS])
+    for parts, message in (([p0, p0, p2, p3], r"part 1 \(shards 0..0\) overlaps the parts before it"),
+                           ([p0, p1, p3], r"shards 2..2 are in no part"),
+                           ([p0, p1, p2], r"shards 3..3 are in no part"),
+                           ([p1, p0, p2, p3], r"shards 0..0 are in no part"),
+                           ([p0, p1, p2, p3, p3], r"part 4 \(shards 3..3\) overlaps")):
+        with pytest.raises(lmd.LMDError, match=message):
+            lmd.reduce_block_moments(parts)
+    old = lmd.BlockMoments(p1.names, p1.dims, p1.n, p1.sums, p1.cross,
+                           {k: v for k, v in p1.info.items() if k != "shard_range"})
+    with pytest.raises(lmd.LMDError, match="do not record their shard range"):
+        lmd.reduce_block_moments([p0, old, p2, p3])
+
+
 def test_models_with_different_seq_ids_are_refused(tmp_path):
     rng = np.random.default_rng(4)
     split = np.array(["train"] * 40, dtype=object)

@@ -866,7 +866,8 @@ def accumulate_block_moments(
     together and the block bootstrap respects that dependence. Memory: see :class:`BlockMoments`.
 
     ``shard_range=(lo, hi)`` reads shards lo..hi−1 only and returns just the blocks they touch
-    (``info["block_offset"]``, ``info["blocks_total"]``): one job of a scale-out, combined by
+    (``info["block_offset"]``, ``info["blocks_total"]``, and ``info["shard_range"]`` = [lo, hi],
+    ``info["n_shards"]`` for the reduce to check coverage): one job of a scale-out, combined by
     :func:`reduce_block_moments` into exactly — to the bit — what one pass gives, because each
     block sums the same per-shard products in the same order either way.
     """
@@ -900,25 +901,60 @@ def accumulate_block_moments(
                     out.cross[b - first, k] += rows_bs.T @ rows_bs
     out.info = dict(aligned.info)
     if shard_range is not None:
-        out.info.update(block_offset=int(first), blocks_total=int(blocks_total))
+        out.info.update(block_offset=int(first), blocks_total=int(blocks_total), shard_range=[int(lo), int(hi)],
+                        n_shards=int(aligned.n_shards))
     return out
+
+
+_PART_KEYS = ("block_offset", "blocks_total", "shard_range", "n_shards")  # a part's own, not the reduce's
+
+
+def _check_part_coverage(parts: Sequence[BlockMoments]) -> None:
+    """The parts' shard ranges, in the order given, must tile 0..n_shards−1: each starting where
+    the previous ended. A part passed twice would otherwise be added twice (block offsets alone
+    cannot tell: neighbouring parts share the block that straddles their boundary)."""
+    if any("shard_range" not in p.info or "n_shards" not in p.info for p in parts):
+        raise LMDError("a part's block moments do not record their shard range (written by an older "
+                       "version); rerun every moments_part job")
+    n_shards = {int(p.info["n_shards"]) for p in parts}
+    if len(n_shards) > 1:
+        raise LMDError(f"the parts were computed over embeddings of different shard counts {sorted(n_shards)}; "
+                       "rerun every moments_part job")
+    (n_shards,) = n_shards
+    ranges = [tuple(int(v) for v in p.info["shard_range"]) for p in parts]
+    shown = ", ".join(f"{lo}..{hi - 1}" for lo, hi in ranges)
+    end = 0
+    for i, (lo, hi) in enumerate(ranges):
+        if lo < end:
+            raise LMDError(f"part {i} (shards {lo}..{hi - 1}) overlaps the parts before it, which reach shard "
+                           f"{end - 1} (parts cover {shown} of {n_shards} shards): pass each part once, in shard order")
+        if lo > end:
+            raise LMDError(f"shards {end}..{lo - 1} are in no part (parts cover {shown} of {n_shards} shards): "
+                           "pass every part, in shard order")
+        end = hi
+    if end != n_shards:
+        raise LMDError(f"shards {end}..{n_shards - 1} are in no part (parts cover {shown} of {n_shards} shards): "
+                       "pass every part, in shard order")
 
 
 def reduce_block_moments(parts: Sequence[BlockMoments]) -> BlockMoments:
     """Combine the partial block moments of :func:`accumulate_block_moments` jobs over disjoint
-    shard ranges (given in shard order) into the block moments of one pass over all shards."""
+    shard ranges (given in shard order) into the block moments of one pass over all shards.
+    The ranges must cover every shard exactly once (:func:`_check_part_coverage`)."""
     if not parts:
         raise LMDError("no partial moments to reduce")
     first = parts[0]
     total = first.info.get("blocks_total")
     if total is None:
         raise LMDError("these block moments are not a part of a scale-out (no blocks_total); use them as they are")
-    out = BlockMoments.zeros(first.names, first.dims, int(total))
-    info = {k: v for k, v in first.info.items() if k not in ("block_offset", "blocks_total")}
-    kept = 0
     for part in parts:
         if part.names != first.names or part.dims != first.dims or part.info.get("blocks_total") != total:
             raise LMDError("cannot reduce partial moments of different model sets or block layouts; rerun every part")
+    _check_part_coverage(parts)
+    out = BlockMoments.zeros(first.names, first.dims, int(total))
+    info = {k: v for k, v in first.info.items() if k not in _PART_KEYS}
+    kept = 0
+    for part in parts:
         at = slice(part.info["block_offset"], part.info["block_offset"] + len(part))
         out.n[at] += part.n
         out.sums[at] += part.sums
