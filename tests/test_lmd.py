@@ -345,3 +345,16 @@ def test_a_constant_basis_model_is_named(const):
     w, b = ridge_reference(z[train], u[train], 0.01)
     # C − nμμᵀ cancels mean²/var = 1e10 here: ~eps·1e10 relative error left, hence the rtol
     np.testing.assert_allclose(fit.weight, w, rtol=1e-4)
+
+
+def test_different_shard_layouts_name_the_first_differing_shard(tmp_path):
+    rng = np.random.default_rng(6)
+    split = np.array(["train"] * 60, dtype=object)
+    x = rng.normal(size=(60, 3)).astype(np.float32)
+    write_embeddings(tmp_path / "a", "a", np.arange(60), split, x, 30)  # shards of 30, 30
+    write_embeddings(tmp_path / "b", "b", np.arange(60), split, x, 40)  # 40, 20: same count
+    write_embeddings(tmp_path / "c", "c", np.arange(60), split, x, 20)  # 3 shards
+    with pytest.raises(lmd.LMDError, match="shard 0 holds 30 rows for 'a' but 40 for 'b'"):
+        lmd.accumulate_moments({"a": tmp_path / "a", "b": tmp_path / "b"})
+    with pytest.raises(lmd.LMDError, match=r"\(2 vs 3 shards\)"):
+        lmd.accumulate_moments({"a": tmp_path / "a", "c": tmp_path / "c"})

@@ -288,9 +288,15 @@ def aligned_shards(
               for f, m in manifests.items()}
     for f in folders[1:]:
         if layout[f] != layout[first]:
+            a, b = manifests[first]["model"], manifests[f]["model"]
+            unit = "sequences" if words else "rows"
+            if len(layout[f]) != len(layout[first]):
+                what = f"{len(layout[first])} vs {len(layout[f])} shards"
+            else:  # same count: name the first shard whose size differs
+                k = next(i for i, (x, y) in enumerate(zip(layout[first], layout[f])) if x != y)
+                what = f"shard {k} holds {layout[first][k]} {unit} for {a!r} but {layout[f][k]} for {b!r}"
             raise LMDError(
-                f"models {manifests[first]['model']!r} and {manifests[f]['model']!r} were embedded with "
-                f"different shard layouts ({len(layout[first])} vs {len(layout[f])} shards); embed both "
+                f"models {a!r} and {b!r} were embedded with different shard layouts ({what}); embed both "
                 "from the same sequences.parquet with the same embed.shard_rows"
             )
     dims = [int(manifests[folder]["dim"]) for folder, _ in parsed.values()]
