@@ -118,10 +118,30 @@ def test_passes_per_depth_equal_fits_and_bootstrap_over_all_columns(layered):
     got = layers.layer_lmd(cols, [0.01, 1.0], rows_per_block=45, n_boot=30, level=0.9, seed=4)
     every = lmd.accumulate_block_moments(layers.sources(cols), rows_per_block=45)
     expected = lmd.add_confidence_intervals(rows, every, n_boot=30, level=0.9, seed=4,
-                                            basis_of=lambda r: r["basis"].split(","))
+                                            basis_of=lambda r: layers.bases(cols)[r["target"]])
     assert len(every) == 20
     for g, e in zip(got, expected):
         assert g["target"] == e["target"] and g["split"] == e["split"] and g["alpha"] == e["alpha"]
         assert g["r2_lo"] == pytest.approx(e["r2_lo"], abs=1e-10)
         assert g["r2_hi"] == pytest.approx(e["r2_hi"], abs=1e-10)
         assert g["r2_lo"] <= g["r2"] <= g["r2_hi"]
+
+
+def test_a_basis_is_carried_as_a_list_and_one_model_is_refused(layered):
+    """A model name with a comma (one the config's pattern would refuse) still bootstraps the right
+    basis: layer_lmd does not split the joined basis string back."""
+    import dataclasses
+
+    folders, *_ = layered
+    cols = [dataclasses.replace(c, model="y,1") if c.model == "y" else c for c in layers.layer_columns(folders)]
+    got = layers.layer_lmd(cols, 0.1, rows_per_block=90, n_boot=10, seed=1)
+    every = lmd.accumulate_block_moments(layers.sources(cols), rows_per_block=90)
+    by_target = {r["target"] + r["split"]: r for r in got}
+    row = by_target["y,1@1test"]
+    assert row["basis"] == "x@3"
+    lo, hi = lmd.bootstrap_r2(every, ["x@3"], "y,1@1", 0.1, n_boot=10, seed=1, split="test")
+    assert (row["r2_lo"], row["r2_hi"]) == pytest.approx((lo, hi), abs=1e-10)
+    with pytest.raises(lmd.LMDError, match="contains ','"):
+        layers.layer_columns({"y,1": folders["y"], "x": folders["x"]})
+    with pytest.raises(lmd.LMDError, match="LMD needs at least two models"):
+        layers.layer_lmd([c for c in cols if c.model == "x"], 0.1)

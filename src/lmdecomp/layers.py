@@ -42,6 +42,8 @@ def layer_columns(folders: Mapping[str, str | Path]) -> list[LayerColumn]:
     """Every stored hidden state of every model (``embed.layers``), in model then layer order."""
     out = []
     for model, folder in folders.items():
+        if "," in model:  # fit rows store a basis comma-joined (the schema's name pattern forbids it too)
+            raise lmd.LMDError(f"model name {model!r} contains ','; rename it under models: in the config")
         manifest = shards.read_manifest(folder)
         depth = manifest.get("num_hidden_layers")
         if not depth:
@@ -60,6 +62,9 @@ def nearest(columns: Sequence[LayerColumn], model: str, depth: float) -> LayerCo
 def bases(columns: Sequence[LayerColumn]) -> dict[str, list[str]]:
     """Leave-one-out basis of every layer column: the other models at the nearest relative depth."""
     models = list(dict.fromkeys(c.model for c in columns))
+    if len(models) < 2:
+        raise lmd.LMDError(f"LMD needs at least two models for layer-wise fits; the layer columns are all of "
+                           f"{models}: list two or more models under models: in the config")
     return {c.name: [nearest(columns, m, c.depth).name for m in models if m != c.model] for c in columns}
 
 
@@ -73,7 +78,8 @@ def fit_layers(moments: lmd.Moments, columns: Sequence[LayerColumn], alpha,
     """Leave-one-out fit of every layer column (or of the named ``targets``) on its
     :func:`bases`, from ``moments`` that hold those columns; R² on every split.
 
-    Rows: model, layer, relative_depth, target, basis (comma-joined column names), split, r2, alpha."""
+    Rows: model, layer, relative_depth, target, basis (comma-joined column names, for the table
+    only: code takes a basis from :func:`bases`, never by splitting it), split, r2, alpha."""
     rows = []
     basis_of = bases(columns)
     for c in columns:
@@ -107,10 +113,12 @@ def layer_lmd(
             moments = blocks.total()
         else:
             moments = lmd.accumulate_moments(srcs, progress=progress)
-        fitted = fit_layers(moments, [by_name[n] for n in needed], alpha, targets=targets)
+        at_depth = [by_name[n] for n in needed]
+        fitted = fit_layers(moments, at_depth, alpha, targets=targets)
         if n_boot > 0:
+            # each row's basis as a list, as fit_layers chose it (not split back from the joined string)
             fitted = lmd.add_confidence_intervals(fitted, blocks, n_boot=n_boot, level=level, seed=seed,
-                                                  basis_of=lambda r: r["basis"].split(","))
+                                                  basis_of=lambda r, b=bases(at_depth): b[r["target"]])
         for row in fitted:
             rows.setdefault(row["target"], []).append(row)
     return [row for c in columns for row in rows[c.name]]
