@@ -3,6 +3,8 @@ each against an independent reference (per-α solves, explicit resampled rows, b
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -300,3 +302,34 @@ def test_selection_intervals_are_the_bootstrap_of_each_steps_basis():
             assert (row[f"{s}_r2_lo"], row[f"{s}_r2_hi"]) == pytest.approx((lo, hi), abs=1e-10)
             assert row[f"{s}_r2_lo"] <= row[f"{s}_r2"] <= row[f"{s}_r2_hi"]
     assert [r["k"] for r in got] == [1, 2, 3]
+
+
+# ------------------------------------------------------------------ α at the grid's edge
+
+
+def test_alpha_chosen_at_the_grid_edge_warns_once_per_call(noisy):
+    """The val optimum of these fits lies inside [0, 3] (see the brute force above): cutting the grid
+    just below or above it makes the choice sit on the cut edge, which must warn; the full grid and
+    a single α must not; α = 0 at the bottom edge is least squares and never warns."""
+    blocks, names, split, m = noisy
+    fit, table = lmd.select_alpha(m, ["a"], "b", GRID)
+    best = GRID.index(fit.alpha)
+    assert 0 < best < len(GRID) - 1  # an interior optimum for this fit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", lmd.AlphaGridEdgeWarning)
+        lmd.fit_targets(m, ["a"], ["b"], GRID)
+        lmd.fit_ridge(m, ["a"], "b", GRID[-1])
+        lmd.fit_targets(m, ["a"], ["b"], [fit.alpha])
+    below = GRID[:best]  # the optimum is above this grid: its largest α is chosen
+    with pytest.warns(lmd.AlphaGridEdgeWarning, match=rf"largest α {below[-1]:g} for \['b'\]"):
+        lmd.fit_targets(m, ["a"], ["b"], below)
+    above = GRID[best + 1:]  # its smallest α (> 0) is chosen
+    with pytest.warns(lmd.AlphaGridEdgeWarning, match=rf"smallest α {above[0]:g} for \['b'\]"):
+        lmd.fit_targets(m, ["a"], ["b"], above)
+    for call in (lambda: lmd.fit_pairwise(m, [10.0, 30.0]), lambda: lmd.fit_leave_one_out(m, [10.0, 30.0]),
+                 lambda: lmd.greedy_selection(m, "b", [10.0, 30.0], max_k=2)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        edge = [w for w in caught if issubclass(w.category, lmd.AlphaGridEdgeWarning)]
+        assert len(edge) == 1 and "smallest α 10" in str(edge[0].message)

@@ -81,15 +81,18 @@ def fit_layers(moments: lmd.Moments, columns: Sequence[LayerColumn], alpha,
     Rows: model, layer, relative_depth, target, basis (comma-joined column names, for the table
     only: code takes a basis from :func:`bases`, never by splitting it), split, r2, alpha."""
     rows = []
+    chosen: dict[str, float] = {}
     basis_of = bases(columns)
     for c in columns:
         if targets is not None and c.name not in targets:
             continue
-        fit = lmd.fit_with_alpha(moments, basis_of[c.name], c.name, alpha)
+        fit = lmd.fit_with_alpha(moments, basis_of[c.name], c.name, alpha, warn_edge=False)  # warned below
+        chosen[c.name] = fit.alpha
         for split in lmd.SPLITS:
             rows.append({"model": c.model, "layer": c.layer, "relative_depth": c.depth, "target": c.name,
                          "basis": ",".join(basis_of[c.name]), "split": split,
                          "r2": lmd.r_squared(moments, fit, split), "alpha": fit.alpha})
+    lmd.warn_if_alpha_at_grid_edge(alpha, chosen, "layer-wise fits")
     return rows
 
 

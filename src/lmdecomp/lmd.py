@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
@@ -57,6 +58,10 @@ SPLITS = ("train", "val", "test")
 
 class LMDError(ValueError):
     """Embeddings or settings that cannot give a well-posed fit."""
+
+
+class AlphaGridEdgeWarning(UserWarning):
+    """The val-selected α is the largest (or smallest non-zero) of its grid: the optimum may lie outside."""
 
 
 def blas_threads(threads: int):
@@ -481,6 +486,27 @@ def _alpha_grid(alpha) -> tuple[float, ...] | None:
     return None
 
 
+def warn_if_alpha_at_grid_edge(alpha, chosen: Mapping[str, float], what: str) -> None:
+    """Warn (:class:`AlphaGridEdgeWarning`, once per call) when some fit's val-selected α is the
+    largest of the grid ``alpha``, or its smallest when that is > 0: the val R² may still rise
+    beyond it, so the grid should be widened. No warning for a single α or a one-point grid, or
+    at α = 0 (least squares: nothing lies below it). ``chosen``: fit label → its α."""
+    grid = _alpha_grid(alpha)
+    if grid is None or min(grid) == max(grid):
+        return
+    lo, hi = min(grid), max(grid)
+    edges = []
+    at_hi = [t for t, a in chosen.items() if a == hi]
+    at_lo = [t for t, a in chosen.items() if a == lo and lo > 0]
+    if at_hi:
+        edges.append(f"the largest α {hi:g} for {at_hi} (add larger α)")
+    if at_lo:
+        edges.append(f"the smallest α {lo:g} for {at_lo} (add smaller α, or 0)")
+    if edges:
+        warnings.warn(f"{what}: val R² chose {' and '.join(edges)} of the grid {list(grid)}; the best α may "
+                      "lie outside it: widen lmd.alpha", AlphaGridEdgeWarning, stacklevel=3)
+
+
 def _one_alpha(alpha, what: str) -> float:
     """One checked α (:func:`_alpha_grid`); a grid is an error naming ``what`` refused it."""
     if _alpha_grid(alpha) is not None:
@@ -536,12 +562,14 @@ def _targets_r2(moments: Moments, split: str, basis_cols: np.ndarray, targets: S
     return 1.0 - np.add.reduceat(per_column, starts) / sst
 
 
-def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], alpha) -> dict[str, tuple[RidgeFit, list[dict]]]:
+def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], alpha,
+                warn_edge: bool = True) -> dict[str, tuple[RidgeFit, list[dict]]]:
     """Ridge fits of every target on one shared ``basis``: one Cholesky per α for all targets
     (Wᵀ = (S_zz + diag λ)⁻¹ [S_zu₁ … S_zu_k]); with a grid, each target keeps the α of its
     highest val R² (first in grid order on ties). Returns {target: (fit, table)}, the table
     ``[{"alpha": α, "val_r2": R²}, …]`` in grid order, R² NaN where α is ill-posed (α = 0 on a
-    singular basis or one wider than the train rows)."""
+    singular basis or one wider than the train rows). With ``warn_edge``, a choice at the grid's
+    edge warns (:func:`warn_if_alpha_at_grid_edge`)."""
     if not targets:
         raise LMDError("no targets to fit")
     _check_basis(basis, targets)
@@ -583,26 +611,29 @@ def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], 
         _, alpha_k, weight, bias = best[k]
         table = [{"alpha": g, "val_r2": float(v)} for g, v in zip(grid, val[:, k])]
         out[target] = (RidgeFit(tuple(basis), target, alpha_k, weight, bias), table)
+    if warn_edge and not strict:
+        warn_if_alpha_at_grid_edge(grid, {t: fit.alpha for t, (fit, _) in out.items()},
+                                   f"fit on {list(basis)}")
     return out
 
 
 def select_alpha(
-    moments: Moments, basis: Sequence[str], target: str, alphas: Sequence[float]
+    moments: Moments, basis: Sequence[str], target: str, alphas: Sequence[float], warn_edge: bool = True
 ) -> tuple[RidgeFit, list[dict]]:
     """The α of the grid with the highest val R² (first in grid order on ties), refitted with
     :func:`fit_ridge` so the returned fit equals the fixed-α fit of that α exactly; and the
     table ``[{"alpha": α, "val_r2": R²}, …]`` in grid order (R² NaN where α is ill-posed)."""
     grid = _alpha_grid(list(alphas))
-    fit, table = fit_targets(moments, basis, [target], grid)[target]
+    fit, table = fit_targets(moments, basis, [target], grid, warn_edge=warn_edge)[target]
     return fit_ridge(moments, basis, target, fit.alpha), table
 
 
-def fit_with_alpha(moments: Moments, basis: Sequence[str], target: str, alpha) -> RidgeFit:
+def fit_with_alpha(moments: Moments, basis: Sequence[str], target: str, alpha, warn_edge: bool = True) -> RidgeFit:
     """A fixed-α fit, or the val-selected fit when ``alpha`` is a grid."""
     grid = _alpha_grid(alpha)
     if grid is None:
         return fit_ridge(moments, basis, target, alpha)
-    return select_alpha(moments, basis, target, grid)[0]
+    return select_alpha(moments, basis, target, grid, warn_edge=warn_edge)[0]
 
 
 def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dict]:
@@ -617,7 +648,7 @@ def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dic
     scores = {}
     for basis in moments.names:
         targets = [n for n in moments.names if n != basis]
-        fits = fit_targets(moments, [basis], targets, alpha)
+        fits = fit_targets(moments, [basis], targets, alpha, warn_edge=False)  # warned below, once
         zi = moments.columns([basis])
         weight_t = np.concatenate([fits[t][0].weight.T for t in targets], axis=1)
         bias = np.concatenate([fits[t][0].bias for t in targets])
@@ -629,6 +660,8 @@ def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dic
         for split in SPLITS:
             for target, value in zip(targets, r2[split]):
                 scores[basis, target, split] = (float(value), fits[target][0].alpha)
+    warn_if_alpha_at_grid_edge(alpha, {f"{b}→{t}": a for (b, t, s), (_, a) in scores.items() if s == "val"},
+                               "pairwise fits")
     return [{"basis": basis, "target": target, "split": split, "r2": scores[basis, target, split][0],
              "alpha": scores[basis, target, split][1]}
             for target in moments.names for basis in moments.names if basis != target for split in SPLITS]
@@ -723,6 +756,8 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
         r2 = {"train": _residual_r2(moments, "train", target, block, residual_t, basis_penalty), "val": val,
               "test": _residual_r2(moments, "test", target, block, residual_t)}
         rows.extend({"target": target, "split": split, "r2": float(r2[split]), "alpha": alpha_m} for split in SPLITS)
+    if not strict:
+        warn_if_alpha_at_grid_edge(grid, {names[m]: best[m][1] for m in best}, "leave-one-out fits")
     return rows
 
 
@@ -1138,7 +1173,7 @@ def greedy_selection(
         for cand in candidates:
             if cand in selected:
                 continue
-            fit = fit_with_alpha(moments, [*selected, cand], target, alpha)
+            fit = fit_with_alpha(moments, [*selected, cand], target, alpha, warn_edge=False)  # warned below
             val = r_squared(moments, fit, "val")
             if best is None or val > best[0]:
                 best = (val, cand, fit)
@@ -1146,6 +1181,9 @@ def greedy_selection(
         selected.append(cand)
         rows.append({"target": target, "k": k, "added_model": cand, "alpha": fit.alpha,
                      "val_r2": float(val), "test_r2": r_squared(moments, fit, "test")})
+    # one warning for the chosen fits, not one per candidate tried
+    warn_if_alpha_at_grid_edge(alpha, {f"step {r['k']}": r["alpha"] for r in rows},
+                               f"greedy selection for {target!r}")
     return rows
 
 
