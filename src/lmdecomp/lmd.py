@@ -1007,6 +1007,12 @@ def reduce_block_moments(parts: Sequence[BlockMoments]) -> BlockMoments:
     return out
 
 
+# Bootstrap replicates are processed in chunks whose (chunk, w, w) float64 scatter is at most this
+# many bytes; two such arrays are alive at once (see bootstrap_r2_samples). The chunk size does not
+# change any replicate's numbers.
+_BOOTSTRAP_ARRAY_BYTES = 128e6
+
+
 def bootstrap_weights(n_blocks: int, n_boot: int, seed: int = 0) -> np.ndarray:
     """(n_boot, n_blocks) int multiplicities: each row draws n_blocks blocks with replacement."""
     rng = np.random.default_rng(seed)
@@ -1029,9 +1035,14 @@ def bootstrap_r2_samples(
     :func:`bootstrap_weights`, the same for every split, since a block is a unit of sequences),
     refits on the train moments Σ_b w_rb M_b^train and scores on Σ_b w_rb M_b^split — exactly
     the fit and R² of :func:`fit_ridge` / :func:`r_squared` on the resampled sequences.
-    Vectorised over replicates, in chunks of ≤ ~256 MB of (replicates × w²) for w the basis +
-    target width. A replicate with an empty split or a singular fit is an error (use larger
-    blocks or α > 0).
+    A replicate with an empty split or a singular fit is an error (use larger blocks or α > 0).
+
+    Memory, for w = p + q the basis + target width, B blocks and R = 16e6 / w² replicates per
+    chunk (so that one (R, w, w) float64 array is ≤ 128 MB, ``_BOOTSTRAP_ARRAY_BYTES``): the
+    gathered block cross-products, B · w² · 8 bytes per split used (train included), plus per
+    chunk the train scatter and one held-out scatter (2 × 128 MB) and a few (R, p, p) or
+    (R, p, q) products, each ≤ one such array and together under one for q ≤ p/3 — at most
+    ≈ 3 × 128 MB beyond the gathered blocks (measured 2.4 × for p = 4q; tests/test_lmd_depth.py).
     """
     if _alpha_grid(alpha) is not None:
         raise LMDError("bootstrap_r2 takes one α; pass the α chosen on the full data (the fit row's alpha)")
@@ -1065,11 +1076,14 @@ def bootstrap_r2_samples(
         n = wts @ n_b
         with np.errstate(divide="ignore", invalid="ignore"):
             mean = (wts @ s_b) / n[:, None]
-        cross = (wts @ c_b).reshape(len(wts), w, w)
-        return n, mean, cross - n[:, None, None] * mean[:, :, None] * mean[:, None, :]
+        scatter = (wts @ c_b).reshape(len(wts), w, w)
+        n_mean = n[:, None] * mean
+        for r in range(len(wts)):  # S = C − (n μ) μᵀ in place, one replicate at a time: no second (R, w, w)
+            scatter[r] -= np.multiply.outer(n_mean[r], mean[r])
+        return n, mean, scatter
 
     out = {s: np.empty(n_boot) for s in splits}
-    chunk = max(1, int(256e6 // (16 * w * w)))
+    chunk = max(1, int(_BOOTSTRAP_ARRAY_BYTES // (8 * w * w)))
     for lo in range(0, n_boot, chunk):
         wts = weights[lo:lo + chunk]
         n_t, mu_t, sc_t = replicate(stats["train"], wts)
@@ -1082,9 +1096,10 @@ def bootstrap_r2_samples(
         except np.linalg.LinAlgError as exc:
             raise LMDError(f"bootstrap fit of {target!r} on {list(basis)}: a resampled basis covariance "
                            "is singular; set α > 0") from exc
+        del regularised
         bias = mu_t[:, ui] - (mu_t[:, None, zi] @ weight_t)[:, 0]
         for s in splits:
-            n_s, mu_s, sc_s = replicate(stats[s], wts)
+            n_s, mu_s, sc_s = (n_t, mu_t, sc_t) if s == "train" else replicate(stats[s], wts)
             s_uu = np.trace(sc_s[:, p:, p:], axis1=1, axis2=2)
             offset = mu_s[:, ui] - (mu_s[:, None, zi] @ weight_t)[:, 0] - bias
             sse = (s_uu - 2.0 * np.sum(weight_t * sc_s[:, :p, p:], axis=(1, 2))
@@ -1094,6 +1109,7 @@ def bootstrap_r2_samples(
                 r2 = 1.0 - sse / s_uu
             r2[(n_s == 0) | (s_uu <= 0) | ((alpha == 0) & (n_t <= p))] = np.nan
             out[s][lo:lo + chunk] = r2
+            del sc_s  # before the next split's scatter is built: two (R, w, w) arrays at most
     for s, samples in out.items():
         bad = int((~np.isfinite(samples)).sum())
         if bad:
