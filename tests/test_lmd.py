@@ -175,6 +175,38 @@ def test_streaming_moments_over_shards_equal_one_in_memory_pass(tmp_path):
     np.testing.assert_array_equal(loaded.cross["val"], streamed.cross["val"])
 
 
+@pytest.mark.parametrize("flush_rows", [1, 5, 50, 2048])
+def test_streaming_moments_for_every_flush_size(tmp_path, flush_rows):
+    """Rows are buffered per split up to ``flush_rows``; a shard holding that many rows of a split
+    is added directly (all of the shard when it is all one split). Small sizes take the direct
+    path for most shards; the result must equal float64 numpy for every size."""
+    rng = np.random.default_rng(8)
+    n = 230
+    blocks = [b.astype(np.float32) for b in planted(rng, n, [5, 3])]
+    split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n, p=[0.5, 0.25, 0.25])
+    split[64:128] = "train"  # shard 1 is all train: x is added without gathering its rows
+    for name, block in zip(["a", "b"], blocks):
+        write_embeddings(tmp_path / name, name, np.arange(n), split, block, rows_per_shard=64)
+    streamed = lmd.accumulate_moments({name: tmp_path / name for name in ["a", "b"]}, flush_rows=flush_rows)
+    x = np.concatenate(blocks, axis=1).astype(np.float64)
+    for s in lmd.SPLITS:
+        rows = x[split == s]
+        assert streamed.n[s] == len(rows)
+        np.testing.assert_allclose(streamed.sums[s], rows.sum(0), rtol=1e-12)
+        np.testing.assert_allclose(streamed.cross[s], rows.T @ rows, rtol=1e-12)
+        np.testing.assert_array_equal(streamed.cross[s], streamed.cross[s].T)
+
+
+@pytest.mark.parametrize("width,block", [(700, 512), (1030, 512), (20, 7), (7, 7)])
+def test_symmetrise_from_lower_across_row_bands(width, block):
+    """The lower triangle is copied onto the upper one a band of ``block`` rows at a time; widths
+    past one band (and a last partial band) must give numpy's tril + tril(−1)ᵀ exactly."""
+    a = np.random.default_rng(width).normal(size=(width, width))
+    expected = np.tril(a) + np.tril(a, -1).T
+    lmd._symmetrise_from_lower(a, block=block)
+    np.testing.assert_array_equal(a, expected)
+
+
 @pytest.mark.parametrize("per_job", [1, 2, 3])
 def test_moments_computed_in_parts_reduce_to_the_one_pass_bits(tmp_path, per_job):
     """The scale-out (lmd.shards_per_job): partial block moments over groups of shards, reduced,
