@@ -98,8 +98,9 @@ def _check_basis(basis: Sequence[str], targets: Sequence[str]) -> None:
 
 
 # A model whose train scatter trace is below this fraction of its raw sum of squares Σ‖x_j‖² is
-# constant up to float64 rounding of C − n μμᵀ (relative error ~ eps·log n, far below 1e-12;
-# float32 embeddings that vary at all sit far above it).
+# taken as constant: the rounding left in C − n μμᵀ for a constant is typically ~ eps·√n of tr C
+# (< 1e-12 up to ~10⁷ rows; beyond, a constant may pass and fail later as a singular fit), while a
+# model needs std/|mean| < 1e-6 to fall below it — past float32's resolution for embeddings.
 _CONSTANT_RTOL = 1e-12
 
 
@@ -1040,9 +1041,9 @@ def bootstrap_r2_samples(
     Memory, for w = p + q the basis + target width, B blocks and R = 16e6 / w² replicates per
     chunk (so that one (R, w, w) float64 array is ≤ 128 MB, ``_BOOTSTRAP_ARRAY_BYTES``): the
     gathered block cross-products, B · w² · 8 bytes per split used (train included), plus per
-    chunk the train scatter and one held-out scatter (2 × 128 MB) and a few (R, p, p) or
-    (R, p, q) products, each ≤ one such array and together under one for q ≤ p/3 — at most
-    ≈ 3 × 128 MB beyond the gathered blocks (measured 2.4 × for p = 4q; tests/test_lmd_depth.py).
+    chunk the train scatter and one held-out scatter (2 × 128 MB) and up to four (R, p, q)
+    products (each ≤ ¼ of one, as pq ≤ w²/4): < 3 × 128 MB beyond the gathered blocks (measured
+    2.4 × for p = 4q; tests/test_lmd_depth.py holds the bound).
     """
     if _alpha_grid(alpha) is not None:
         raise LMDError("bootstrap_r2 takes one α; pass the α chosen on the full data (the fit row's alpha)")
