@@ -478,3 +478,28 @@ def test_train_mlm_resume_exact_after_exception(tokenizers_500, corpus, tmp_path
     torch.manual_seed(123)
     train_mlm(build_model(r, tok), tok, train, val, train_config_from_recipe(r, steps=2), progress=False)
     assert torch.equal(torch.rand(3), expect)
+
+
+def test_leftover_temp_of_a_killed_save_is_removed(tokenizers_500, corpus, tmp_path):
+    """SIGKILL inside the atomic save leaves '.checkpoint.pt.<random>.tmp'; the next run removes it."""
+    import signal
+    import subprocess
+    import sys
+
+    ck = tmp_path / "ck"
+    code = (
+        "import os, signal, sys\n"
+        "from lmdecomp.atomic import atomic_path\n"
+        "with atomic_path(sys.argv[1]) as tmp:\n"
+        "    tmp.write_bytes(b'half a checkpoint')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(ck / "checkpoint.pt")], capture_output=True)
+    assert proc.returncode == -signal.SIGKILL
+    left = [p.name for p in ck.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".checkpoint.pt.") and left[0].endswith(".tmp"), left
+    (ck / ".other.pt.x.tmp").write_bytes(b"")  # someone else's temporary: kept
+    tok = tokenizers_500["wordpiece"]
+    r = tiny_recipe(steps=1, batch_size=4, max_length=32)
+    train_mlm(build_model(r, tok), tok, corpus.train[:10], corpus.val[:2], train_config_from_recipe(r), ck, progress=False)
+    assert sorted(p.name for p in ck.iterdir()) == [".other.pt.x.tmp", "checkpoint.pt"]

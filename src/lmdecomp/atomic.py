@@ -1,14 +1,56 @@
-"""Atomic file output: an artifact is either whole or absent, never half-written."""
+"""Atomic file output: an artifact is either whole or absent, never half-written.
+
+The data is fsync'ed before the rename and the folder after it, so after a crash or
+power loss the final name holds either the old content or the complete new one.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+_TMP_SUFFIX = ".tmp"
+
+
+def _tmp_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def stale_temps(path: str | os.PathLike) -> list[Path]:
+    """The temporaries of ``path`` that :func:`atomic_path` / :func:`atomic_dir` left
+    behind when their process was killed (SIGKILL skips the cleanup). Named by the same
+    helper that names them, so the two cannot drift apart."""
+    path = Path(path)
+    pattern = glob.escape(_tmp_prefix(path)) + "*" + glob.escape(_TMP_SUFFIX)
+    return sorted(path.parent.glob(pattern))
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # flushes the inode's dirty pages, whoever wrote them
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a folder; the rename is still atomic
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -17,17 +59,20 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     The temporary file lives in the same folder so the final ``os.replace`` is an
     atomic rename on POSIX file systems. On any exception the temporary is removed.
+    The caller must have closed its handle on the temporary when the block ends.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=_TMP_SUFFIX, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
     try:
         yield tmp
         # mkstemp creates 0600; give the artifact the permissions a plain open() would.
         os.chmod(tmp, 0o666 & ~_umask())
+        _fsync_file(tmp)  # without it a crash soon after the rename can leave an empty file
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -38,13 +83,19 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; move it onto ``path`` only on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=_TMP_SUFFIX, dir=path.parent))
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
+        for root, _dirs, files in os.walk(tmp):
+            for name in files:
+                if not os.path.islink(os.path.join(root, name)):
+                    _fsync_file(Path(root) / name)
+            _fsync_dir(Path(root))
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

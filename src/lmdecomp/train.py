@@ -65,7 +65,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from .atomic import atomic_path
+from .atomic import atomic_path, stale_temps
 
 __all__ = [
     "TrainConfig",
@@ -389,11 +389,9 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp:  # fsyncs the file before the rename
         with open(tmp, "wb") as f:
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def _blocks_digest(ids: torch.Tensor) -> str:
@@ -488,7 +486,7 @@ def train_mlm(
     initial_val_loss: float | None = None
     resumed_from: int | None = None
     if ckpt_path is not None:
-        for stale in ckpt_path.parent.glob(f".{ckpt_path.name}.tmp-*"):
+        for stale in stale_temps(ckpt_path):
             stale.unlink(missing_ok=True)  # left behind by a run killed while saving
     if ckpt_path is not None and ckpt_path.exists():
         state = torch.load(ckpt_path, map_location="cpu", weights_only=True)

@@ -1,0 +1,70 @@
+"""Atomic writes: the data reaches the disk before the rename, and killed writes are findable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from lmdecomp import atomic
+
+
+def _record_fsync_and_replace(monkeypatch):
+    """Log (event, inode) of every os.fsync / os.replace that lmdecomp.atomic makes."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.fstat(fd).st_ino))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.stat(src).st_ino))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    return events
+
+
+def test_atomic_path_fsyncs_the_file_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    events = _record_fsync_and_replace(monkeypatch)
+    target = tmp_path / "out.bin"
+    with atomic.atomic_path(target) as tmp:
+        tmp.write_bytes(b"payload")
+    file_ino, dir_ino = target.stat().st_ino, tmp_path.stat().st_ino
+    assert events == [("fsync", file_ino), ("replace", file_ino), ("fsync", dir_ino)]
+    assert target.read_bytes() == b"payload"
+    assert list(tmp_path.iterdir()) == [target]
+
+
+def test_atomic_dir_fsyncs_every_file_before_the_rename(tmp_path, monkeypatch):
+    events = _record_fsync_and_replace(monkeypatch)
+    target = tmp_path / "model"
+    with atomic.atomic_dir(target) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "a.json").write_text("{}")
+        (tmp / "sub" / "b.bin").write_bytes(b"\0" * 10)
+    files = {(target / "a.json").stat().st_ino, (target / "sub" / "b.bin").stat().st_ino}
+    replaced = events.index(("replace", target.stat().st_ino))
+    assert files <= {ino for what, ino in events[:replaced] if what == "fsync"}
+    assert events[replaced + 1:] == [("fsync", tmp_path.stat().st_ino)]
+
+
+def test_stale_temps_finds_what_a_sigkill_leaves_and_nothing_else(tmp_path):
+    target = tmp_path / "data[1].parquet"  # glob characters in the name are literal
+    code = (
+        "import os, signal, sys\n"
+        "from lmdecomp.atomic import atomic_path\n"
+        "with atomic_path(sys.argv[1]) as tmp:\n"
+        "    tmp.write_bytes(b'half')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True)
+    assert proc.returncode == -signal.SIGKILL
+    (left,) = tmp_path.iterdir()
+    assert left.name.startswith(".data[1].parquet.") and left.name.endswith(".tmp")
+    for other in (".data1.parquet.x.tmp", ".other.parquet.x.tmp", "data[1].parquet"):
+        (tmp_path / other).write_bytes(b"")
+    assert atomic.stale_temps(target) == [left]
