@@ -480,6 +480,63 @@ def test_train_mlm_resume_exact_after_exception(tokenizers_500, corpus, tmp_path
     assert torch.equal(torch.rand(3), expect)
 
 
+# --------------------------------------------------------------------------- #
+# checkpoint identity: an edited recipe never resumes the old weights
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"num_heads": 4, "dropout": 0.0},  # same tensor shapes, other computation
+        {"hidden_size": 48},  # other shapes: loading the old weights would fail
+    ],
+    ids=["heads-dropout", "shape"],
+)
+def test_edited_recipe_after_kill_starts_fresh(edit, corpus, tmp_path, caplog):
+    train, val = corpus.train[:60], corpus.val[:5]
+    old, new = Recipe(**SMALL), Recipe(**{**SMALL, **edit})
+    # reference: the new recipe trained without interruption in its own folders
+    ref = pretrain(new, train, val, tmp_path / "ref", progress=False)
+    # a kill after 7 steps of the old recipe leaves its checkpoint behind
+    out = tmp_path / "m"
+    stop = pretrain(old, train, val, out, progress=False, checkpoint_every=5, max_steps_this_run=7)
+    assert stop["completed"] is False
+    assert (tmp_path / "m.work" / "checkpoint" / "checkpoint.pt").exists()
+    with caplog.at_level("WARNING", logger="lmdecomp.zoo"):
+        got = pretrain(new, train, val, out, progress=False, checkpoint_every=5)
+    assert got == ref
+    assert _files(out) == _files(tmp_path / "ref")
+    assert "discarding the checkpoint of another run" in caplog.text
+    assert not (tmp_path / "m.work").exists()
+    # the edit matters: the old recipe's model is a different one (so the check above can fail)
+    assert pretrain(old, train, val, tmp_path / "old", progress=False)["model_sha256"] != ref["model_sha256"]
+
+
+def test_checkpoint_that_does_not_load_is_a_mismatch(tokenizers_500, corpus, tmp_path):
+    """A checkpoint whose tensors do not fit the model (same identity) is refused with
+    CheckpointMismatch, not a raw RuntimeError of load_state_dict, so pretrain discards it."""
+    tok = tokenizers_500["wordpiece"]
+    r = tiny_recipe(steps=4, batch_size=4, max_length=32)
+    train, val = corpus.train[:20], corpus.val[:3]
+    ck = tmp_path / "ck"
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_2(step, loss):
+        if step == 2:
+            raise Killed
+
+    with pytest.raises(Killed):  # leaves the checkpoint of step 2
+        train_mlm(build_model(r, tok), tok, train, val, train_config_from_recipe(r, checkpoint_every=2), ck,
+                  progress=False, on_step=kill_at_2)
+    state = torch.load(ck / "checkpoint.pt", weights_only=True)
+    key = next(k for k in state["model"] if k.endswith("word_embeddings.weight"))
+    state["model"][key] = state["model"][key][:-1]  # one row short
+    torch.save(state, ck / "checkpoint.pt")
+    with pytest.raises(CheckpointMismatch, match="does not fit this model"):
+        train_mlm(build_model(r, tok), tok, train, val, train_config_from_recipe(r, checkpoint_every=2), ck, progress=False)
+
+
 def test_leftover_temp_of_a_killed_save_is_removed(tokenizers_500, corpus, tmp_path):
     """SIGKILL inside the atomic save leaves '.checkpoint.pt.<random>.tmp'; the next run removes it."""
     import signal

@@ -58,6 +58,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -398,6 +399,35 @@ def _blocks_digest(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.numpy().tobytes()).hexdigest()
 
 
+def _json_canonical(obj: Any, what: str) -> Any:
+    """``obj`` as plain JSON data (sorted keys, tuples as lists), so that the identity
+    saved in a checkpoint compares equal to the one rebuilt from the same inputs."""
+    try:
+        return json.loads(json.dumps(obj, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} must be JSON data (str, number, bool, None, list, dict): {exc}") from None
+
+
+def _model_identity(model: nn.Module) -> dict[str, Any]:
+    """What a checkpoint must share with ``model`` to be resumed into it.
+
+    The tensor names, shapes and dtypes catch any change of shape; the Hugging Face
+    config (when there is one) catches what keeps the shapes but changes the
+    trajectory: number of heads, dropout, initializer range, activation...  Keys with a
+    leading underscore (``_name_or_path``: where the model was loaded from) are left
+    out, they do not change the computation.
+    """
+    out: dict[str, Any] = {
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "tensors": [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()],
+    }
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        d = json.loads(config.to_json_string(use_diff=False))
+        out["config"] = {k: v for k, v in d.items() if not k.startswith("_")}
+    return out
+
+
 @contextlib.contextmanager
 def _deterministic(device: torch.device):
     prev = torch.are_deterministic_algorithms_enabled()
@@ -424,6 +454,7 @@ def train_mlm(
     *,
     max_steps_this_run: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    identity_extra: Mapping[str, Any] | None = None,
 ) -> TrainResult:
     """Train ``model`` (in place) with the masked-LM objective.
 
@@ -431,8 +462,12 @@ def train_mlm(
     (``checkpoint.pt``) every ``config.checkpoint_every`` steps, when stopping
     early and at the end; if a checkpoint is already there the run resumes from
     it (a finished checkpoint makes this call only re-evaluate).  A checkpoint of
-    a different run (other config identity or training data) raises
-    :class:`CheckpointMismatch`.
+    a different run raises :class:`CheckpointMismatch` (the model may then hold
+    part of the checkpoint's weights: rebuild it before training it again).  The
+    run's identity is the trajectory fields of ``config``, the training and
+    validation blocks, the tokenizer's special ids, the model (class, tensor
+    shapes, Hugging Face config) and ``identity_extra`` (JSON data; e.g. the
+    recipe the model was built from, which also covers its initialization).
 
     ``max_steps_this_run``: stop (after saving a checkpoint) once this many steps
     have been done in this call; the result then has ``completed=False`` and no
@@ -478,7 +513,18 @@ def train_mlm(
     scheduler = get_linear_schedule_with_warmup(optimizer, warmup, cfg.steps)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    identity = {"config": cfg.identity(), "train_blocks_sha256": _blocks_digest(train_ids), "val_blocks_sha256": _blocks_digest(val_ids)}
+    # Everything that shapes the trajectory: a checkpoint is resumed only into the same run.
+    identity = _json_canonical(
+        {
+            "config": cfg.identity(),
+            "train_blocks_sha256": _blocks_digest(train_ids),
+            "val_blocks_sha256": _blocks_digest(val_ids),
+            "tokenizer": {"special_ids": special.tolist(), "mask_token_id": int(tokenizer.mask_token_id), "vocab_size": vocab_size},
+            "model": _model_identity(model),
+            "extra": _json_canonical(identity_extra, "identity_extra"),
+        },
+        "the checkpoint identity",
+    )
     ckpt_path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
 
     log: list[dict[str, float]] = []
@@ -489,14 +535,28 @@ def train_mlm(
         for stale in stale_temps(ckpt_path):
             stale.unlink(missing_ok=True)  # left behind by a run killed while saving
     if ckpt_path is not None and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        if state.get("format") != _CKPT_FORMAT:
-            raise CheckpointMismatch(f"{ckpt_path}: unknown checkpoint format {state.get('format')!r}")
-        if json.dumps(state["identity"], sort_keys=True) != json.dumps(identity, sort_keys=True):
-            raise CheckpointMismatch(f"{ckpt_path} was written by a different run (config or data differ); delete it to start over")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        try:
+            state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+            raise CheckpointMismatch(f"{ckpt_path} cannot be read ({exc}); delete it to start over") from exc
+        if not isinstance(state, dict) or state.get("format") != _CKPT_FORMAT:
+            fmt = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise CheckpointMismatch(f"{ckpt_path}: unknown checkpoint format {fmt!r}; delete it to start over")
+        saved = state.get("identity") if isinstance(state.get("identity"), dict) else {}
+        if json.dumps(saved, sort_keys=True) != json.dumps(identity, sort_keys=True):
+            differ = sorted(k for k in identity.keys() | saved.keys() if saved.get(k) != identity.get(k))
+            raise CheckpointMismatch(
+                f"{ckpt_path} was written by a different run ({', '.join(differ)} differ); delete it to start over"
+            )
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            # Same identity but a state that does not fit (e.g. other parameters set to
+            # requires_grad, so other optimizer groups): not this run's checkpoint either.
+            # load_state_dict may have copied some tensors already; the caller rebuilds.
+            raise CheckpointMismatch(f"{ckpt_path} does not fit this model ({exc}); delete it to start over") from exc
         start_step = int(state["step"])
         log = list(state["log"])
         initial_val_loss = state["initial_val_loss"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -58,6 +59,8 @@ __all__ = [
 ARCHITECTURES = ("bert", "roberta", "albert", "deberta-v2", "electra", "modernbert", "roformer")
 TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
 OBJECTIVES = ("mlm",)
+
+_log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- #
@@ -588,12 +591,21 @@ def pretrain(
         checkpoint_every=checkpoint_every if checkpoint_every is not None else max(50, recipe.steps // 10),
         device=device,
     )
+    # The whole recipe is part of the checkpoint's identity: a model field (heads,
+    # dropout, init_std, ...) edited after a killed run must not resume the old weights.
+    # ``name`` is only a label.
+    run = {k: v for k, v in recipe.to_dict().items() if k != "name"}
     try:
-        result: TrainResult = train_mlm(model, tok, train_texts, val_texts, cfg, ckpt_dir, progress, max_steps_this_run=max_steps_this_run)
-    except CheckpointMismatch:
+        result: TrainResult = train_mlm(
+            model, tok, train_texts, val_texts, cfg, ckpt_dir, progress, max_steps_this_run=max_steps_this_run, identity_extra=run,
+        )
+    except CheckpointMismatch as exc:
+        _log.warning("discarding the checkpoint of another run and starting over: %s", exc)
         shutil.rmtree(ckpt_dir, ignore_errors=True)
-        model = build_model(recipe, tok)
-        result = train_mlm(model, tok, train_texts, val_texts, cfg, ckpt_dir, progress, max_steps_this_run=max_steps_this_run)
+        model = build_model(recipe, tok)  # the failed resume may have loaded some tensors
+        result = train_mlm(
+            model, tok, train_texts, val_texts, cfg, ckpt_dir, progress, max_steps_this_run=max_steps_this_run, identity_extra=run,
+        )
     if not result.completed:
         return {"completed": False, "steps_done": result.steps_done, "checkpoint_dir": str(ckpt_dir)}
 
