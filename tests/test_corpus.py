@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pyarrow as pa
@@ -64,15 +65,34 @@ def test_sequences_are_original_spans_of_at_most_t_tokens(sources, tokenizer):
     assert any("Zürich" in t for t in table.column("text").to_pylist())
 
 
+def reference_split(doc_key: str, seed: int, train: float, val: float) -> str:
+    """The documented rule, written out independently of corpus.split_of: u = the first
+    64 bits of sha256("<seed>\\0<source>/<doc_id>") as a fraction of 2**64; train below
+    the train fraction, val below train + val, test above."""
+    digest = hashlib.sha256(str(seed).encode("ascii") + b"\x00" + doc_key.encode("utf-8")).hexdigest()
+    u = int(digest[:16], 16) / 16**16
+    if u < train:
+        return "train"
+    if u < train + val:
+        return "val"
+    return "test"
+
+
 def test_split_is_per_document_and_seeded(sources, tokenizer):
     table, _ = corpus.build_sequences(config(sources, n_sequences=None), tokenizer)
     by_doc: dict = {}
     for row in table.to_pylist():
         by_doc.setdefault((row["source"], row["doc_id"]), set()).add(row["split"])
     assert all(len(s) == 1 for s in by_doc.values())
-    fractions = {"train": 0.6, "val": 0.2, "test": 0.2}
     for (source, doc), splits in by_doc.items():
-        assert splits == {corpus.split_of(f"{source}/{doc}", 7, fractions)}
+        assert splits == {reference_split(f"{source}/{doc}", 7, 0.6, 0.2)}, (source, doc)
+    assert set().union(*by_doc.values()) == set(corpus.SPLITS)  # every branch of the rule is exercised
+    # pinned (u = 0.2231, 0.9435, 0.7296, 0.7976): the rule itself must not drift
+    fractions = {"train": 0.6, "val": 0.2, "test": 0.2}
+    for key, seed, expected in [("folder/a/00.txt", 7, "train"), ("folder/a/00.txt", 8, "test"),
+                                ("jsonl/more.jsonl:1", 7, "val"), ("folder/a/01.txt", 8, "val")]:
+        assert reference_split(key, seed, 0.6, 0.2) == expected
+        assert corpus.split_of(key, seed, fractions) == expected
 
 
 def test_same_seed_same_bytes_other_seed_other_sample(sources, tokenizer, tmp_path):
