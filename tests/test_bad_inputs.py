@@ -123,6 +123,16 @@ def test_empty_corpus_and_no_train_rows(tmp_path):
     assert not out.exists()
 
 
+def test_two_corpus_sources_with_one_name(tmp_path):
+    _, merged = params_with(tmp_path)
+    source = merged["corpus"]["sources"][0]
+    bad, _ = params_with(tmp_path, corpus={**merged["corpus"], "sources": [source, {**source, "glob": "tech/*.txt"}]})
+    out = tmp_path / "seq.parquet"
+    assert_failed(script("corpus", "--params", bad, "--out", out),
+                  f"more than one source is named {source['name']!r}", "give every source its own name")
+    assert not out.exists()
+
+
 def test_non_utf8_bytes_are_counted_not_fatal(tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()

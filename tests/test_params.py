@@ -42,6 +42,8 @@ def test_merge_follows_snakemake_rules():
         ({"corpus": {"seq_len": "long"}}, "corpus.seq_len"),
         ({"lmd": {"alpah": 1}}, "lmd: Additional properties are not allowed ('alpah' was unexpected)"),
         ({"models": [{"name": "a", "ftp": "x"}, {"name": "b", "path": "p"}]}, "models.0"),
+        ({"corpus": {"sources": [{"name": "a", "path": "x"}, {"name": "a", "path": "y"}]}},
+         "corpus.sources: more than one source is named 'a'"),
     ],
 )
 def test_broken_params_name_the_key(repo_root, tmp_path, overlay, named):

@@ -128,9 +128,16 @@ def read_documents(spec: Mapping[str, Any], stats: ReadStats) -> Iterator[Docume
                     record = json.loads(_decode(raw, stats))
                 except json.JSONDecodeError as exc:
                     raise CorpusError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+                if not isinstance(record, dict):
+                    raise CorpusError(
+                        f"{path}:{lineno}: a JSON {type(record).__name__}, not an object; "
+                        f"each line must be an object with a {field!r} field"
+                    )
                 if field not in record:
                     raise CorpusError(f"{path}:{lineno}: no {field!r} field (set text_field: for this source)")
-                yield Document(name, f"{rel}:{lineno}", str(record[field]))
+                # null is a missing text, as in a Parquet column: skipped, not the document "None"
+                if record[field] is not None:
+                    yield Document(name, f"{rel}:{lineno}", str(record[field]))
         else:
             table = pq.read_table(path)
             if field not in table.column_names:
@@ -173,6 +180,15 @@ def chunk_offsets(offsets: list[tuple[int, int]], seq_len: int, min_tokens: int)
         yield window[0][0], window[-1][1], len(window)
 
 
+def check_source_names(sources: Iterable[Mapping[str, Any]]) -> None:
+    """Every source needs its own name: ``(source, doc_id)`` identifies a document and
+    seeds its split, so two sources of one name could mix up their documents."""
+    names = [spec.get("name") for spec in sources]
+    twice = sorted({repr(n) for n in names if names.count(n) > 1})
+    if twice:
+        raise CorpusError(f"corpus.sources: more than one source is named {', '.join(twice)}; give every source its own name")
+
+
 def _check_fractions(fractions: Mapping[str, float]) -> None:
     total = sum(fractions[s] for s in SPLITS)
     if abs(total - 1.0) > 1e-9 or any(fractions[s] <= 0 for s in SPLITS):
@@ -194,6 +210,7 @@ def build_sequences(cfg: Mapping[str, Any], tokenizer, progress: bool = False) -
     backend.no_truncation()
     backend.no_padding()
 
+    check_source_names(cfg["sources"])
     stats = ReadStats()
     seen: set[str] = set()
     docs: list[Document] = []

@@ -90,6 +90,12 @@ def check_params(params: Mapping[str, Any]) -> None:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         problems.append(f"models: {repeated} named more than once; model names must be unique")
+    # A document is keyed (and its split seeded) by (source name, doc id); lmdecomp.corpus
+    # checks this too when it runs.
+    sources = [spec.get("name") for spec in params.get("corpus", {}).get("sources", [])]
+    twice = sorted({repr(n) for n in sources if sources.count(n) > 1})
+    if twice:
+        problems.append(f"corpus.sources: more than one source is named {', '.join(twice)}; give every source its own name")
     for key, wanted in (("mpo.models", params.get("mpo", {}).get("models", [])),
                         ("mpobert.base", [params.get("mpobert", {}).get("base")] if "mpobert" in params else [])):
         unknown = [w for w in wanted if w not in names]
