@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -103,6 +104,28 @@ def small_base() -> tuple[BertForMaskedLM, object]:
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=64)
     return BertForMaskedLM(config).eval(), tokenizer
+
+
+def test_a_variant_of_another_base_discards_the_killed_runs_checkpoint(tmp_path, bbc_data):
+    """A checkpoint left by a killed run on one base is not resumed into a variant of another
+    base: the result equals a fresh run on the new base."""
+    texts = bbc_data[0]["train"][0][:40]
+    cfg = {"heal_steps": 2, "steps": 4, "batch_size": 4, "learning_rate": 1e-3, "warmup_ratio": 0.1, "max_length": 32,
+           "val_blocks": 8, "seed": 0, "device": "cpu"}
+    old_base, tokenizer = small_base()
+    new_base = copy.deepcopy(old_base)
+    with torch.no_grad():  # the base was retrained: same shapes, other weights
+        new_base.bert.embeddings.word_embeddings.weight.mul_(1.5)
+    killed = copy.deepcopy(old_base)
+    variants.train.train_mlm(killed, tokenizer, texts[:30], texts[30:], variants._train_config(cfg, 6), tmp_path / "work" / "healed",
+                             progress=False, max_steps_this_run=3)
+    assert (tmp_path / "work" / "healed" / "checkpoint.pt").exists()
+    resumed = variants.make_variant("dense", new_base, tokenizer, texts[:30], texts[30:], cfg, tmp_path / "a", tmp_path / "work",
+                                    progress=False)
+    fresh = variants.make_variant("dense", new_base, tokenizer, texts[:30], texts[30:], cfg, tmp_path / "b", tmp_path / "fresh",
+                                  progress=False)
+    assert resumed["val_loss"] == fresh["val_loss"]
+    assert resumed["val_loss"]["healed"] != pytest.approx(resumed["val_loss"]["base"], abs=1e-3)
 
 
 @pytest.mark.parametrize("name", variants.MODEL_VARIANTS)

@@ -411,15 +411,23 @@ def _json_canonical(obj: Any, what: str) -> Any:
 def _model_identity(model: nn.Module) -> dict[str, Any]:
     """What a checkpoint must share with ``model`` to be resumed into it.
 
-    The tensor names, shapes and dtypes catch any change of shape; the Hugging Face
+    The tensor names, shapes and dtypes catch any change of shape, a digest of the
+    weights any change of the starting point; the Hugging Face
     config (when there is one) catches what keeps the shapes but changes the
     trajectory: number of heads, dropout, initializer range, activation...  Keys with a
     leading underscore (``_name_or_path``: where the model was loaded from) are left
     out, they do not change the computation.
     """
+    state = model.state_dict()
+    weights = hashlib.sha256()
+    for tensor in state.values():
+        weights.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     out: dict[str, Any] = {
         "class": f"{type(model).__module__}.{type(model).__qualname__}",
-        "tensors": [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()],
+        "tensors": [[k, list(v.shape), str(v.dtype)] for k, v in state.items()],
+        # The starting weights: a model built from another base (an MPOBERT variant of a
+        # retrained base) or initialised differently must not resume this trajectory.
+        "initial_weights_sha256": weights.hexdigest(),
     }
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_json_string"):
