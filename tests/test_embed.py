@@ -141,6 +141,44 @@ def test_rerun_resumes_from_finished_shards_and_gives_the_same_bytes(tiny_model_
     assert pq.read_table(out / "part-00000.parquet").num_rows == 3
 
 
+def test_a_killed_jobs_work_folder_is_resumed_only_with_the_same_weights(tiny_model_dir, sequences, tmp_path):
+    import shutil
+
+    from transformers import AutoModel
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    ref = models.resolve({"name": "tiny", "path": str(folder)})
+    out, work = tmp_path / "emb", tmp_path / ".emb.partial"
+    embed.embed_model(ref, sequences, out, cfg(), progress=False, work_dir=work)
+    assert not work.exists() and (out / shards.MANIFEST).is_file()
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def kill_after_first_shard():  # what a killed job leaves: its work folder; the engine removes out
+        shutil.copytree(out, work)
+        for name in ("part-00001.parquet", "part-00002.parquet", shards.MANIFEST):
+            (work / name).unlink()
+        shutil.rmtree(out)
+
+    kill_after_first_shard()
+    inode = (work / "part-00000.parquet").stat().st_ino
+    embed.embed_model(ref, sequences, out, cfg(), progress=False, work_dir=work)
+    assert (out / "part-00000.parquet").stat().st_ino == inode  # resumed: the same file
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == old and not work.exists()
+
+    kill_after_first_shard()
+    model = AutoModel.from_pretrained(folder)  # the weights change in place: same folder, same params
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight.mul_(2.0)
+    model.save_pretrained(folder)
+    embed.embed_model(ref, sequences, out, cfg(), progress=False, work_dir=work)
+    fresh = tmp_path / "fresh"
+    embed.embed_model(ref, sequences, fresh, cfg(), progress=False)
+    new = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert new == {p.name: p.read_bytes() for p in fresh.iterdir()}
+    assert new["part-00000.parquet"] != old["part-00000.parquet"]
+
+
 def test_bad_layer_is_a_clear_error(tiny_model_dir, sequences, tmp_path):
     ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
     with pytest.raises(embed.EmbedError, match="embed.layer=7 but the model has 3 hidden states"):

@@ -350,13 +350,17 @@ def test_sigkill_during_embedding_then_rerun_gives_the_same_artifacts(snakemake_
     deadline = time.monotonic() + 600
     embeddings = work / "results/embeddings"
     while time.monotonic() < deadline and proc.poll() is None:
-        if embeddings.is_dir() and any(embeddings.rglob("part-*.parquet")):
+        if any(embeddings.glob(".*.partial/part-*.parquet")):  # a job has finished a shard
             break
         time.sleep(0.2)
     assert proc.poll() is None, "snakemake finished before embedding started; nothing was interrupted"
     os.killpg(proc.pid, signal.SIGKILL)  # snakemake and every job it started
     proc.wait()
     assert not (work / "results/lmd/metrics.json").exists()
+    # Shards finished before the kill, in the jobs' work folders (.{model}.partial).
+    finished = {(folder.name[1:-len(".partial")], shard.name): shard.stat().st_ino
+                for folder in embeddings.glob(".*.partial") for shard in folder.glob("part-*.parquet")}
+    assert finished, "no finished shard in a work folder at the kill"
 
     run(["snakemake", "--unlock", *cmd[1:]], work)
     run([*cmd, "--rerun-incomplete"], work)
@@ -364,6 +368,10 @@ def test_sigkill_during_embedding_then_rerun_gives_the_same_artifacts(snakemake_
     clean.pop("results/report.html", None)
     assert sorted(killed) == sorted(clean)
     assert [rel for rel in clean if clean[rel] != killed[rel]] == []
+    # The rerun resumed: the same files (not rewritten copies) became the output's shards.
+    for (model, shard), inode in finished.items():
+        assert (embeddings / model / shard).stat().st_ino == inode, (model, shard)
+    assert not list(embeddings.glob(".*.partial"))
 
 
 def test_a_bad_model_leaves_nothing_half_written_and_keep_going_finishes_the_rest(repo_root, tmp_path):

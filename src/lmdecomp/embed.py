@@ -35,6 +35,8 @@ layer-wise LMD. They come from the same forward pass, so they cost only the pool
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -218,12 +220,15 @@ def _iter_chunks(sequences: Path, rows: int) -> Iterator[pa.Table]:
 
 
 def _plan(ref: ModelRef, cfg: Mapping[str, Any], max_length: int, sequences: Path, attention: str,
-          overflow: str) -> dict[str, Any]:
+          overflow: str, weights: str) -> dict[str, Any]:
+    """Everything a shard's bytes depend on: shards of another plan are not resumed."""
     from .atomic import sha256_file
 
     return {
         "model": ref.name,
         "source": ref.source,
+        "weights_sha256": weights,
+        "batch_tokens": cfg["batch_tokens"],  # sets the padding and the Parquet row groups
         "layer": cfg["layer"],
         "layers": cfg.get("layers"),
         "granularity": cfg.get("granularity", "sequence"),
@@ -243,9 +248,17 @@ def embed_model(
     out_dir: str | Path,
     cfg: Mapping[str, Any],
     progress: bool = True,
+    work_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Embed every sequence with one model and write shards plus the manifest; return the manifest."""
-    sequences, out_dir = Path(sequences), Path(out_dir)
+    """Embed every sequence with one model and write shards plus the manifest; return the manifest.
+
+    Shards are written one by one (atomically) and a rerun of the same plan reuses the
+    finished ones. With ``work_dir`` they are written there and the finished folder is
+    renamed to ``out_dir`` at the end: the workflow engines delete a job's output folder
+    before running it, so a killed job's shards survive only outside it.
+    """
+    sequences, final_dir = Path(sequences), Path(out_dir)
+    out_dir = Path(work_dir) if work_dir is not None else final_dir
     pooling = cfg["pooling"]
     if pooling not in POOLINGS:
         raise EmbedError(f"embed.pooling is {pooling!r}; choose one of {POOLINGS}")
@@ -284,7 +297,8 @@ def embed_model(
     n_states = model.config.num_hidden_layers + 1
     layer, extra_layers = stored_layers(cfg, n_states, ref.name)
     max_length = model_max_length(model, tokenizer, int(cfg["max_length"]))
-    plan = _plan(ref, cfg, max_length, sequences, attention, overflow)
+    weights = weights_sha256(model)
+    plan = _plan(ref, cfg, max_length, sequences, attention, overflow, weights)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     plan_path = out_dir / PLAN
@@ -370,7 +384,7 @@ def embed_model(
         "model": ref.name,
         "source": ref.source,
         "revision": ref.revision,
-        "weights_sha256": weights_sha256(model),
+        "weights_sha256": weights,
         "layer": layer,
         "layers": sorted([layer, *extra_layers]),
         "num_hidden_layers": n_states - 1,
@@ -393,6 +407,9 @@ def embed_model(
         manifest["words"] = int(n_words)
         manifest["words_truncated"] = int(n_words - rows)
     shards.write_manifest(out_dir, manifest)
+    if out_dir != final_dir:
+        shutil.rmtree(final_dir, ignore_errors=True)
+        os.replace(out_dir, final_dir)
     return manifest
 
 

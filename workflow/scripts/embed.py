@@ -1,6 +1,7 @@
 """Embed the sequences with one model into Parquet shards (see lmdecomp.embed)."""
 
 import argparse
+from pathlib import Path
 
 from lmdecomp import embed, models
 from lmdecomp.params import load_stage_params, model_spec
@@ -14,4 +15,7 @@ args = parser.parse_args()
 
 params = load_stage_params(args.params, "embed")
 ref = models.resolve(model_spec(params, args.model))
-embed.embed_model(ref, args.sequences, args.out, params["embed"])
+# Shards are written to a sibling work folder and the finished folder renamed to --out: the
+# engines delete --out before a job runs, so only there do a killed job's shards survive.
+work = Path(args.out).with_name(f".{Path(args.out).name}.partial")
+embed.embed_model(ref, args.sequences, args.out, params["embed"], work_dir=work)
