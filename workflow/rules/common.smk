@@ -8,8 +8,15 @@ from lmdecomp.params import load_params, model_spec, restrict_params, stage_para
 
 
 def config_files():
-    """params.yaml plus any --configfile, in Snakemake's merge order."""
-    return ["params.yaml", *[str(f) for f in workflow.overwrite_configfiles if str(f) != "params.yaml"]]
+    """params.yaml plus any --configfile, in Snakemake's merge order; relative to the working
+    folder where they lie inside it, so job commands do not change when the checkout moves."""
+    here = Path.cwd().resolve()
+
+    def shown(path):
+        path = Path(path).resolve()
+        return str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
+
+    return ["params.yaml", *[shown(f) for f in workflow.overwrite_configfiles if shown(f) != "params.yaml"]]
 
 
 # The scripts re-read the config files themselves (as they do under DVC), so values

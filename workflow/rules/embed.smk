@@ -14,4 +14,4 @@ rule embed:
         "results/logs/embed/{model}.log",
     shell:
         "python workflow/scripts/embed.py --params {PARAMS} --model {wildcards.model}"
-        " --sequences {input.sequences} --out {output} 2> {log}"
+        " --sequences {input.sequences} --record {input.model}/model.json --out {output} 2> {log}"
