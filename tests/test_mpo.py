@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from lmdecomp.mpo import (
     MPO,
     MPOLinear,
+    _rebuild_costs,
+    contract_cores,
     convert_linears,
     factorize,
     load_converted,
@@ -189,6 +191,50 @@ def test_mpo_dataclass_from_given_cores():
     assert mpo.bond_dims == [1, 4, 1] and mpo.central_index == 1
     np.testing.assert_allclose(mpo.to_matrix().numpy(), dense_reference(cores), rtol=1e-5, atol=1e-6)
 
+
+
+def random_cores(out_shape, in_shape, bonds, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(bonds[k], out_shape[k], in_shape[k], bonds[k + 1], generator=g, dtype=dtype) for k in range(len(out_shape))]
+
+
+@pytest.mark.parametrize("split", [0, 1, 2, 3, 4, None])
+def test_contract_cores_every_split_matches_einsum(split):
+    out_shape, in_shape = [3, 2, 4, 2], [2, 5, 3, 2]
+    cores = random_cores(out_shape, in_shape, [1, 3, 5, 4, 1], seed=20)
+    expected = dense_reference(cores)
+    rebuilt = contract_cores(cores, out_shape, in_shape, split).numpy()
+    assert np.abs(rebuilt - expected).max() <= 1e-12 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("split", [0, 1, 2, 3])
+def test_contract_cores_gradcheck_at_every_split(split):
+    out_shape, in_shape = [2, 3, 2], [3, 1, 2]
+    cores = [c.requires_grad_() for c in random_cores(out_shape, in_shape, [1, 2, 3, 1], seed=21)]
+    assert torch.autograd.gradcheck(lambda *cs: contract_cores(cs, out_shape, in_shape, split), tuple(cores))
+
+
+def test_contract_cores_rejects_a_bad_split():
+    cores = random_cores([2, 2], [2, 2], [1, 2, 1], seed=22)
+    with pytest.raises(ValueError, match="split must be in 0 … 2"):
+        contract_cores(cores, [2, 2], [2, 2], 3)
+
+
+def test_rebuild_costs_by_hand():
+    # (2,3) x (4,5), bonds 1,3,1: |G| = 24, 45; d = 8, 15; O·I = 120.
+    # s=0: 45 + 15·24 = 405; s=1: 24 + 45 + 120·3 = 429; s=2: 24 + 8·45 = 384.
+    assert _rebuild_costs((2, 3), (4, 5), (1, 3, 1)) == [405, 429, 384]
+    # 3072 x 768 at ~10 % of the parameters: d = 16, 16, 32, 24, 12; O·I = 2359296.
+    sizes = [1 * 16 * 16, 16 * 16 * 78, 78 * 32 * 78, 78 * 24 * 12, 12 * 12 * 1]
+    left = [1 * sizes[0], 16 * sizes[1], 256 * sizes[2], 8192 * sizes[3], 196608 * sizes[4]]
+    right = [147456 * sizes[0], 9216 * sizes[1], 288 * sizes[2], 12 * sizes[3], 1 * sizes[4]]
+    bonds = [1, 16, 78, 78, 12, 1]
+    expected = [sum(left[:s]) + sum(right[s:]) + (2359296 * bonds[s] if 0 < s < 5 else 0) for s in range(6)]
+    costs = _rebuild_costs(BERT_3072, BERT_768, bonds)
+    assert costs == expected
+    assert min(range(6), key=costs.__getitem__) == 3  # 234.5 M multiply-adds vs 262.5 M for one sweep
+    layer = MPOLinear(BERT_3072, BERT_768, bonds)
+    assert layer._rebuild_split == 3 and layer._rebuild_macs == expected[3]
 
 # --- MPOLinear -------------------------------------------------------------------------
 
