@@ -140,6 +140,31 @@ def test_first_step_spectrum_of_five_core_sweep():
     np.testing.assert_allclose(mpo.spectra[0].numpy(), np.linalg.svd(unfolding, compute_uv=False), rtol=1e-10)
 
 
+def reference_tt_svd(w: np.ndarray, out_shape, in_shape, rel_err: float, carry: bool) -> tuple[list[int], float]:
+    """Bond dims and ‖W − Ŵ‖_F of a numpy TT-SVD sweep under the error budget τ²‖W‖²:
+    ``carry=False`` splits it equally (δ² = τ²‖W‖²/(n−1) per step), ``carry=True`` gives
+    step k (0-based) the unused rest over the steps left, (τ²‖W‖² − Σ_{j<k} ε_j²)/(n−1−k).
+    Each step keeps the smallest rank whose discarded tail Σ σ² fits, found by a loop."""
+    n = len(out_shape)
+    t = w.reshape(list(out_shape) + list(in_shape)).transpose([p for k in range(n) for p in (k, n + k)])
+    budget = rel_err**2 * float(np.sum(w**2))
+    used, rank, bonds, rest = 0.0, 1, [1], t
+    for k in range(n - 1):
+        _, sigma, vh = np.linalg.svd(rest.reshape(rank * out_shape[k] * in_shape[k], -1), full_matrices=False)
+        delta_sq = (budget - used) / (n - 1 - k) if carry else budget / (n - 1)
+        keep = len(sigma)
+        while keep > 1 and float(np.sum(sigma[keep - 1 :] ** 2)) <= delta_sq:
+            keep -= 1
+        used += float(np.sum(sigma[keep:] ** 2))
+        bonds.append(keep)
+        rest, rank = sigma[:keep, None] * vh[:keep], keep
+    return bonds + [1], math.sqrt(used)
+
+
+def mpo_params(bonds, out_shape, in_shape) -> int:
+    return sum(bonds[k] * out_shape[k] * in_shape[k] * bonds[k + 1] for k in range(len(out_shape)))
+
+
 @pytest.mark.parametrize("seed", [10, 11, 12])
 def test_rel_err_budget_is_respected(seed):
     out_shape, in_shape = [4, 4, 4, 4], [4, 4, 4, 4]
@@ -153,12 +178,47 @@ def test_rel_err_budget_is_respected(seed):
         assert any(r < f for r, f in zip(mpo.bond_dims, full))  # truncation happened
         # The step errors are orthogonal: ‖W − Ŵ‖² = Σ ε_k² (reported), ε_k from the spectra.
         assert err == pytest.approx(mpo.error_norm, rel=1e-6)
-        # Each kept rank is the smallest whose discarded tail fits δ = τ‖W‖/√(n−1).
-        delta_sq = (rel_err * w_norm) ** 2 / (len(out_shape) - 1)
-        for s, r in zip(mpo.spectra, mpo.bond_dims[1:-1]):
-            s2 = s.numpy() ** 2
-            assert s2[r:].sum() <= delta_sq * (1 + 1e-12)
-            assert r == 1 or s2[r - 1 :].sum() > delta_sq
+        # Each kept rank is the smallest whose discarded tail fits the carried budget.
+        bonds, ref_err = reference_tt_svd(w.numpy(), out_shape, in_shape, rel_err, carry=True)
+        assert mpo.bond_dims == bonds
+        assert err == pytest.approx(ref_err, rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "mpo_like"])
+def test_rel_err_bound_holds_over_many_budgets(kind):
+    out_shape, in_shape = [2, 4, 3, 4], [4, 2, 4, 3]
+    if kind == "gaussian":
+        w = torch.randn(96, 96, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    else:
+        w = mpo_like_matrix(out_shape, in_shape, bond=16, seed=14)
+    w_norm = np.linalg.norm(w.numpy())
+    ranks = set()
+    for rel_err in np.geomspace(1e-3, 0.95, 30):
+        mpo = mpo_decompose(w, out_shape, in_shape, rel_err=float(rel_err))
+        assert np.linalg.norm(dense_reference(mpo.cores) - w.numpy()) <= rel_err * w_norm * (1 + 1e-12)
+        ranks.add(tuple(mpo.bond_dims))
+    assert len(ranks) >= 5  # the budgets really truncate differently
+
+
+def test_carried_budget_keeps_no_more_parameters_than_the_equal_split():
+    """The first unfolding is 4 × 4096: its 4 singular values are all large, so the equal
+    split keeps all of them (ε_1 = 0) and its share is lost; carried forward it lets the
+    later steps discard more."""
+    out_shape, in_shape = [2, 4, 4, 4], [2, 4, 4, 4]
+    w = mpo_like_matrix(out_shape, in_shape, bond=24, seed=30)
+    w_norm = np.linalg.norm(w.numpy())
+    strictly_fewer = 0
+    for rel_err in [0.05, 0.1, 0.2, 0.3, 0.5]:
+        equal, equal_err = reference_tt_svd(w.numpy(), out_shape, in_shape, rel_err, carry=False)
+        mpo = mpo_decompose(w, out_shape, in_shape, rel_err=rel_err)
+        assert mpo.num_params <= mpo_params(equal, out_shape, in_shape)
+        assert mpo.error_norm <= rel_err * w_norm * (1 + 1e-12)
+        strictly_fewer += mpo.num_params < mpo_params(equal, out_shape, in_shape)
+    equal, _ = reference_tt_svd(w.numpy(), out_shape, in_shape, 0.05, carry=False)
+    carried = mpo_decompose(w, out_shape, in_shape, rel_err=0.05)
+    assert equal == [1, 4, 9, 9, 1] and carried.bond_dims == [1, 4, 8, 8, 1]  # 2032 vs 1680 parameters
+    assert carried.truncation_errors[0] == 0.0  # the first step used none of its share
+    assert strictly_fewer == 5
 
 
 def test_max_bond_per_bond_list():

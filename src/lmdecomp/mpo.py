@@ -301,11 +301,24 @@ def mpo_decompose(
 
         ‖W − Ŵ‖_F² = Σ_{k=1}^{n−1} ε_k²,    ε_k² = Σ_{s > r_k} σ_{k,s}²
 
-    ``rel_err = τ`` keeps at each step the smallest ``r_k`` with
-    ``ε_k ≤ δ = τ ‖W‖_F / √(n−1)``, hence ``‖W − Ŵ‖_F ≤ √(n−1) δ = τ ‖W‖_F``.
+    ``rel_err = τ`` keeps at step ``k`` the smallest ``r_k`` with ``ε_k ≤ δ_k``, where
+    the budget a step leaves unused is carried forward to the later steps::
+
+        δ_k² = (τ² ‖W‖_F² − Σ_{j<k} ε_j²) / (n − k)      (k = 1 … n−1)
+
+    Proof that ``‖W − Ŵ‖_F ≤ τ ‖W‖_F``: let ``B_k = τ²‖W‖_F² − Σ_{j<k} ε_j²`` (the budget
+    left before step ``k``; ``B_1 = τ²‖W‖_F² ≥ 0``). Full rank gives ``ε_k = 0``, so a rank
+    with ``ε_k² ≤ δ_k² = B_k/(n−k)`` always exists, and ``B_{k+1} = B_k − ε_k² ≥
+    B_k (n−k−1)/(n−k) ≥ 0``. The last step has ``δ_{n−1}² = B_{n−1}``, so ``B_n =
+    τ²‖W‖_F² − Σ_k ε_k² ≥ 0``, i.e. ``‖W − Ŵ‖_F² = Σ_k ε_k² ≤ τ²‖W‖_F²``. The same
+    inequality gives ``δ_{k+1}² ≥ δ_k² ≥ δ_1² = τ²‖W‖_F²/(n−1)``: every step may discard
+    at least what the equal split ``δ = τ‖W‖_F/√(n−1)`` allows, and more when an earlier
+    step (e.g. a short unfolding with few, large singular values) could not use its share.
     ``max_bond`` (one int, or ``n−1`` ints for ``r_1…r_{n−1}``) caps the ranks on top;
-    a binding cap raises ``ε_k`` past ``δ``, so the bound then no longer holds. With
-    neither, nothing is truncated (``r_k`` = smaller side of the unfolding).
+    a binding cap raises ``ε_k`` past ``δ_k``, so the bound then no longer holds (a
+    budget overdrawn that way is clamped at 0, i.e. the later steps keep full rank up to
+    their caps). With neither, nothing is truncated (``r_k`` = smaller side of the
+    unfolding).
 
     The SVDs run in ``weight``'s dtype (float32 or float64) and on its device; the
     discarded tails are summed in float64.
@@ -322,9 +335,9 @@ def mpo_decompose(
     if math.prod(out_shape) != weight.shape[0] or math.prod(in_shape) != weight.shape[1]:
         raise ValueError(f"shapes {out_shape} x {in_shape} do not factor a {tuple(weight.shape)} weight")
     caps = _as_bond_caps(max_bond, n)
-    delta_sq = None
+    budget = None  # B_k of the docstring: squared error still allowed
     if rel_err is not None and n > 1:
-        delta_sq = (rel_err**2) * float(weight.double().square().sum()) / (n - 1)
+        budget = (rel_err**2) * float(weight.double().square().sum())
 
     w = weight.detach()
     rest = w.reshape(out_shape + in_shape).permute([p for k in range(n) for p in (k, n + k)]).contiguous()
@@ -334,12 +347,18 @@ def mpo_decompose(
         u, s, vh = _thin_svd(rest.reshape(rank * out_shape[k] * in_shape[k], -1))
         # tail[t] = Σ_{s ≥ t} σ_s² (non-increasing), with tail[len] = 0 appended.
         tail = torch.cat([torch.cumsum(s.double().square().flip(0), 0).flip(0), s.new_zeros(1, dtype=torch.float64)])
-        new_rank = s.numel() if delta_sq is None else max(1, int((tail[:-1] > delta_sq).sum()))
+        if budget is None:
+            new_rank = s.numel()
+        else:
+            delta_sq = max(budget, 0.0) / (n - 1 - k)  # δ_{k+1}² with 0-based k
+            new_rank = max(1, int((tail[:-1] > delta_sq).sum()))
         if caps[k] is not None:
             new_rank = min(new_rank, caps[k])
         cores.append(u[:, :new_rank].reshape(rank, out_shape[k], in_shape[k], new_rank))
         spectra.append(s.clone())
         errors.append(math.sqrt(float(tail[new_rank])))
+        if budget is not None:
+            budget -= float(tail[new_rank])
         rest = s[:new_rank, None] * vh[:new_rank]
         rank = new_rank
     cores.append(rest.reshape(rank, out_shape[-1], in_shape[-1], 1))
