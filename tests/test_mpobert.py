@@ -265,3 +265,70 @@ def test_stable_initialisation_starts_near_the_base_and_naive_random_auxiliary_t
     assert max(deep_norms) <= 1.5 * max(shallow_norms)
     assert max(deep_norms) / min(deep_norms) < 3
     assert max(naive_norms) < 3 * max(shallow_norms)
+
+
+def reference_activation_norms(model, layers_and_gates, ids, mask) -> list[float]:
+    """Per depth, the largest RMS (over real positions) of the two LayerNorm inputs of a
+    post-LN BERT layer, computed in numpy float64 by hand (attention, erf-GELU, LayerNorm),
+    with the residual gate h ← h + g (f(h) − h) applied between depths."""
+    erf = np.vectorize(math.erf)
+    heads = model.config.num_attention_heads
+    eps = model.config.layer_norm_eps
+    keep = mask.numpy().astype(bool)
+
+    def params(lin):
+        return lin.weight.detach().double().numpy(), lin.bias.detach().double().numpy()
+
+    def layer_norm(x, ln):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + eps) * ln.weight.detach().double().numpy() + ln.bias.detach().double().numpy()
+
+    with torch.no_grad():
+        h = model.bert.embeddings(input_ids=ids).double().numpy()
+    b, t, width = h.shape
+    d = width // heads
+    norms = []
+    for layer, gate in layers_and_gates:
+        (wq, bq), (wk, bk), (wv, bv) = (params(getattr(layer.attention.self, n)) for n in ("query", "key", "value"))
+
+        def split(x):
+            return x.reshape(b, t, heads, d).transpose(0, 2, 1, 3)
+
+        q, k, v = split(h @ wq.T + bq), split(h @ wk.T + bk), split(h @ wv.T + bv)
+        scores = np.where(keep[:, None, None, :], q @ k.transpose(0, 1, 3, 2) / math.sqrt(d), -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, t, width)
+        wo, bo = params(layer.attention.output.dense)
+        ln1_in = context @ wo.T + bo + h
+        x1 = layer_norm(ln1_in, layer.attention.output.LayerNorm)
+        wi, bi = params(layer.intermediate.dense)
+        inner = x1 @ wi.T + bi
+        inner = 0.5 * inner * (1 + erf(inner / math.sqrt(2)))
+        wo2, bo2 = params(layer.output.dense)
+        ln2_in = inner @ wo2.T + bo2 + x1
+        out = layer_norm(ln2_in, layer.output.LayerNorm)
+        norms.append(max(math.sqrt(float(np.mean(x[keep] ** 2))) for x in (ln1_in, ln2_in)))
+        h = h + gate * (out - h)
+    return norms
+
+
+def test_activation_norms_per_depth_with_a_shared_layer():
+    deep, _ = mpobert.build(small_bert(), mpobert.MPOBertConfig(num_layers=4, sharing="layer"))
+    gates = [0.3, 0.6, 0.9, 1.2]
+    with torch.no_grad():
+        for layer, g in zip(deep.bert.encoder.layer, gates):
+            layer.gate.fill_(g)
+    ids, mask = random_batch()
+    shared = deep.bert.encoder.layer[0].layer
+    expected = reference_activation_norms(deep, [(shared, g) for g in gates], ids, mask)
+    assert min(abs(a - b) for i, a in enumerate(expected) for b in expected[i + 1 :]) > 1e-3  # distinct per depth
+    np.testing.assert_allclose(mpobert.activation_norms(deep, ids, mask), expected, rtol=1e-5)
+
+
+def test_activation_norms_of_a_plain_base():
+    base = small_bert()
+    ids, mask = random_batch(1)
+    expected = reference_activation_norms(base, [(layer, 1.0) for layer in base.bert.encoder.layer], ids, mask)
+    np.testing.assert_allclose(mpobert.activation_norms(base, ids, mask), expected, rtol=1e-5)

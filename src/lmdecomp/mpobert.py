@@ -576,18 +576,38 @@ def is_mpobert(directory: str | Path) -> bool:
 @torch.no_grad()
 def activation_norms(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> list[float]:
     """RMS of the residual stream entering every LayerNorm inside the layers (the
-    post-LN sum ``h + f(h)``), maximised per layer, on real (unpadded) positions."""
+    post-LN sum ``h + f(h)``), maximised per layer, on real (unpadded) positions.
+
+    With ``sharing="layer"`` the same LayerNorm modules run at every depth, so a hook on
+    a LayerNorm cannot tell the depths apart. Each depth's own entry of the layer list
+    (the per-depth :class:`GatedLayer`, or the plain layer of a base model) therefore
+    sets the current depth on entry, and each distinct LayerNorm is hooked once and
+    records into that depth."""
     layers = _layers(model)
     per_layer = [0.0] * len(layers)
     keep = attention_mask.bool()
+    current: list[int | None] = [None]
     hooks = []
+
+    def enter(k):
+        def pre_hook(_m, _args):
+            current[0] = k
+        return pre_hook
+
+    def leave(_m, _args, _out):
+        current[0] = None
+
+    def record(_m, args, _out):
+        if current[0] is not None:
+            x = args[0][keep]
+            per_layer[current[0]] = max(per_layer[current[0]], float(x.pow(2).mean().sqrt()))
+
+    norms = {}
     for k, layer in enumerate(layers):
-        for m in layer.modules():
-            if isinstance(m, nn.LayerNorm):
-                def hook(_m, args, _out, k=k):
-                    x = args[0][keep]
-                    per_layer[k] = max(per_layer[k], float(x.pow(2).mean().sqrt()))
-                hooks.append(m.register_forward_hook(hook))
+        hooks.append(layer.register_forward_pre_hook(enter(k)))
+        hooks.append(layer.register_forward_hook(leave))
+        norms.update({id(m): m for m in layer.modules() if isinstance(m, nn.LayerNorm)})
+    hooks.extend(m.register_forward_hook(record) for m in norms.values())
     was_training = model.training
     model.eval()
     try:
