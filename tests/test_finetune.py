@@ -162,3 +162,15 @@ def test_auxiliary_only_fine_tuning_freezes_the_central_tensors(bbc_data):
     assert metrics["trainable_parameters"] == report["auxiliary"] + report["adapters"] + report["gates"] + 32 * n_classes + n_classes
     assert all(torch.equal(a, b) for a, b in zip(central_before, mpobert.central_parameters(deep)))
     assert any(not torch.equal(a, b) for a, b in zip(aux_before, mpobert.auxiliary_parameters(deep)))
+
+
+def test_auxiliary_only_fine_tuning_refuses_an_encoder_without_shared_central_tensors():
+    from lmdecomp import mpo
+
+    base, _ = small_base()
+    mpo.convert_linears(base, max_bond=4)  # every core is "auxiliary" without a shared centre
+    assert mpobert.auxiliary_parameters(base) and not mpobert.central_parameters(base)
+    for encoder in (base.base_model, small_base()[0].base_model):
+        model = finetune.SequenceClassifier(encoder, 32, 3)
+        with pytest.raises(ValueError, match="sharing='central'"):
+            finetune._trainable(model, "auxiliary")

@@ -229,6 +229,29 @@ def test_max_bond_per_bond_list():
         mpo_decompose(w, [4, 4, 4, 4], [4, 4, 4, 4], max_bond=[3, 7])
 
 
+
+def test_bad_rel_err_and_bond_caps_are_clear_errors():
+    w = torch.randn(256, 256, generator=torch.Generator().manual_seed(15), dtype=torch.float64)
+    shape = [4, 4, 4, 4]
+    for bad in (float("nan"), -0.1):
+        with pytest.raises(ValueError, match="rel_err must be a number >= 0"):
+            mpo_decompose(w, shape, shape, rel_err=bad)
+    with pytest.raises(TypeError, match="max_bond must be an int"):
+        mpo_decompose(w, shape, shape, max_bond=3.0)
+    with pytest.raises(TypeError, match="bond caps must be integers"):
+        mpo_decompose(w, shape, shape, max_bond=[3, 2.5, 3])
+    with pytest.raises(ValueError, match=">= 1"):
+        mpo_decompose(w, shape, shape, max_bond=np.int64(0))
+
+
+def test_numpy_integer_bond_caps():
+    w = torch.randn(256, 256, generator=torch.Generator().manual_seed(16), dtype=torch.float64)
+    shape = [4, 4, 4, 4]
+    assert mpo_decompose(w, shape, shape, max_bond=np.int64(3)).bond_dims == [1, 3, 3, 3, 1]
+    assert mpo_decompose(w, shape, shape, max_bond=np.array([2, 5, 4])).bond_dims == [1, 2, 5, 4, 1]
+    lin = linear(256, 256, seed=16)
+    assert MPOLinear.from_linear(lin, (shape, shape), max_bond=np.int32(2)).bond_dims == (1, 2, 2, 2, 1)
+
 def test_parameter_counts_by_hand(mpo_3072x768):
     mpo = mpo_3072x768
     central = 256 * 8 * 4 * 288
@@ -380,6 +403,15 @@ def test_flops_hand_count_and_auto_choice(monkeypatch):
     assert calls == [1]
 
 
+
+@pytest.mark.parametrize("mode", ["contract", "dense", "auto"])
+def test_wrong_input_width_is_a_clear_error(mode):
+    layer = MPOLinear.from_linear(linear(60, 96, seed=14), ([4, 6, 4], [3, 5, 4]), max_bond=3)
+    layer.forward_mode = mode
+    for bad in (torch.randn(4, 59), torch.randn(2, 30), torch.randn(60, 1)):
+        with pytest.raises(ValueError, match=r"in_features=60, got shape"):
+            layer(bad)
+
 def test_state_dict_round_trip():
     layer = MPOLinear.from_linear(linear(60, 96, seed=13), ([4, 6, 4], [3, 5, 4]), max_bond=3)
     assert layer.bond_dims == (1, 3, 3, 1)
@@ -469,3 +501,28 @@ def test_save_load_round_trip(tiny_bert, tmp_path):
     for path, record in records.items():
         assert list(loaded.get_submodule(path).bond_dims) == record["bond_dims"]
     assert torch.equal(outputs(loaded, inputs), outputs(converted, inputs))
+
+
+def test_save_load_keeps_the_saved_dtype(tiny_bert, tmp_path):
+    model, inputs = tiny_bert
+    converted = copy.deepcopy(model).double()
+    convert_linears(converted, max_bond=4, shapes={64: [4, 4, 4]}, n_cores=3)
+    save_converted(converted, tmp_path / "f64")
+    loaded = load_converted(tmp_path / "f64")
+    assert {p.dtype for p in loaded.parameters()} == {torch.float64}
+    assert torch.equal(outputs(loaded, inputs), outputs(converted, inputs))
+
+
+def test_match_saved_dtype_warns_on_mixed_floating_dtypes(tmp_path):
+    from safetensors.torch import save_file
+
+    from lmdecomp.mpo import match_saved_dtype
+
+    module = torch.nn.Linear(2, 2)
+    save_file({"weight": torch.zeros(2, 2, dtype=torch.float64), "bias": torch.zeros(2, dtype=torch.float16)}, str(tmp_path / "mixed.safetensors"))
+    with pytest.warns(UserWarning, match="several floating dtypes"):
+        match_saved_dtype(module, tmp_path / "mixed.safetensors")
+    assert module.weight.dtype == torch.float32
+    save_file({"weight": torch.zeros(2, 2, dtype=torch.bfloat16), "steps": torch.zeros(1, dtype=torch.int64)}, str(tmp_path / "bf16.safetensors"))
+    match_saved_dtype(module, tmp_path / "bf16.safetensors")
+    assert module.weight.dtype == module.bias.dtype == torch.bfloat16

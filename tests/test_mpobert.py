@@ -185,6 +185,30 @@ def test_save_and_load_round_trip(tmp_path, sharing):
         assert all(m is inner[0] for m in inner)
 
 
+
+def test_load_keeps_the_saved_dtype_and_the_sharing(tmp_path):
+    deep, _ = mpobert.build(small_bert(), mpobert.MPOBertConfig(num_layers=4, bond=4))
+    deep.double()
+    mpobert.save(deep, tmp_path / "f64")
+    loaded = mpobert.load(tmp_path / "f64")
+    assert {p.dtype for p in loaded.parameters()} == {torch.float64}
+    ids, mask = random_batch()
+    torch.testing.assert_close(logits(loaded, ids, mask), logits(deep, ids, mask), rtol=0, atol=0)
+    central = mpobert.central_parameters(loaded)[0]
+    assert sum(any(c is central for c in layer.cores) for layer in mpo_layers(loaded)) == 4
+
+
+def test_a_prime_width_is_refused_for_central_sharing():
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=67, max_position_embeddings=64)
+    base = BertForMaskedLM(config).eval()
+    assert mpobert.factorize(67, 5) == [1, 1, 67, 1, 1]  # the whole side on the central core
+    with pytest.raises(ValueError, match=r"width 67 of ffn_in into 5 cores: it factorizes as \[1, 1, 67, 1, 1\]"):
+        mpobert.build(base, mpobert.MPOBertConfig(num_layers=2, bond=4))
+    deep, _ = mpobert.build(base, mpobert.MPOBertConfig(num_layers=2, sharing="layer"))  # no MPO there
+    assert not mpo_layers(deep)
+
 def test_saved_bytes_do_not_depend_on_the_string_hash_seed(tmp_path):
     """Shared tensors are stored once under a name chosen in state-dict order, not set order."""
     import subprocess

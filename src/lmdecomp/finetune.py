@@ -10,7 +10,9 @@ gradient clipping at 1, seeded example order and dropout per step (as in
 :func:`lmdecomp.train.train_mlm`), validation accuracy after every epoch, early stopping
 after ``patience`` epochs without improvement, and the best epoch's weights restored
 before the test split is scored. ``trainable="auxiliary"`` freezes everything except the
-auxiliary MPO cores, adapters, residual gates and the classifier (central tensors frozen).
+auxiliary MPO cores, adapters, residual gates and the classifier (central tensors frozen);
+it needs an MPOBERT encoder with shared central tensors (``sharing="central"``) and
+raises ``ValueError`` otherwise.
 """
 
 from __future__ import annotations
@@ -101,9 +103,12 @@ def _trainable(model: SequenceClassifier, mode: str) -> list[nn.Parameter]:
         keep = list(model.parameters())
     elif mode == "auxiliary":
         enc = model.encoder
+        # Without shared central tensors every MPO core counts as auxiliary (a plain MPO
+        # model), so "auxiliary" would silently train all of them.
+        if not mpobert.central_parameters(enc):
+            raise ValueError("trainable='auxiliary' freezes the shared central tensors, so it needs an MPOBERT "
+                             "encoder built with sharing='central'; this encoder has none")
         keep = mpobert.auxiliary_parameters(enc) + mpobert.adapter_parameters(enc) + mpobert.gate_parameters(enc) + list(model.head.parameters())
-        if not mpobert.auxiliary_parameters(enc):
-            raise ValueError("trainable='auxiliary' needs an MPOBERT encoder (it has no auxiliary tensors)")
     else:
         raise ValueError(f"trainable must be 'all' or 'auxiliary', got {mode!r}")
     ids = {id(p) for p in keep}

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -39,6 +41,7 @@ __all__ = [
     "factorize",
     "find_linears",
     "load_converted",
+    "match_saved_dtype",
     "mpo_decompose",
     "mpo_layout",
     "save_converted",
@@ -255,15 +258,20 @@ class MPO:
 
 
 def _as_bond_caps(max_bond: int | Sequence[int] | None, n: int) -> list[int | None]:
-    if max_bond is None or isinstance(max_bond, int):
+    # numbers.Integral: numpy integers (e.g. from a sweep over np.arange) are caps too
+    if max_bond is None or isinstance(max_bond, numbers.Integral):
         caps = [max_bond] * (n - 1)
-    else:
+    elif isinstance(max_bond, Sequence) or hasattr(max_bond, "__iter__"):
         caps = list(max_bond)
         if len(caps) != n - 1:
             raise ValueError(f"max_bond needs {n - 1} entries (one per inner bond), got {len(caps)}")
+    else:
+        raise TypeError(f"max_bond must be an int, a sequence of {n - 1} ints or None, got {max_bond!r}")
+    if any(c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Integral)) for c in caps):
+        raise TypeError(f"bond caps must be integers (or None), got {max_bond!r}")
     if any(c is not None and c < 1 for c in caps):
         raise ValueError(f"bond dimensions must be >= 1, got {max_bond}")
-    return caps
+    return [None if c is None else int(c) for c in caps]
 
 
 def _thin_svd(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -325,8 +333,8 @@ def mpo_decompose(
     """
     if weight.ndim != 2:
         raise ValueError(f"expected a matrix, got shape {tuple(weight.shape)}")
-    if rel_err is not None and rel_err < 0:
-        raise ValueError(f"rel_err must be >= 0, got {rel_err}")
+    if rel_err is not None and not rel_err >= 0:  # also rejects nan
+        raise ValueError(f"rel_err must be a number >= 0, got {rel_err}")
     out_shape = tuple(out_shape) if out_shape is not None else tuple(factorize(weight.shape[0], n_cores))
     in_shape = tuple(in_shape) if in_shape is not None else tuple(factorize(weight.shape[1], n_cores))
     n = len(out_shape)
@@ -505,6 +513,8 @@ class MPOLinear(nn.Module):
         }
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"MPOLinear expects inputs whose last dimension is in_features={self.in_features}, got shape {tuple(x.shape)}")
         rows = x.numel() // self.in_features
         mode = self.forward_mode
         if mode == "auto":
@@ -687,6 +697,27 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     model.load_state_dict(state, strict=True)
 
 
+_FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def match_saved_dtype(model: nn.Module, path: str | Path) -> nn.Module:
+    """Cast ``model`` (in place) to the floating dtype of the tensors saved at ``path``,
+    so a model saved in float64 or bfloat16 comes back in it rather than in the float32
+    that building from a config gives. A file with several floating dtypes leaves the
+    model as it is, with a warning (``load_state_dict`` then casts each tensor)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        names = {f.get_slice(k).get_dtype() for k in f.keys()}
+    floats = {_FLOAT_DTYPES[n] for n in names if n in _FLOAT_DTYPES}
+    if len(floats) == 1:
+        model.to(floats.pop())  # parameters shared by several modules stay shared
+    elif floats:
+        warnings.warn(f"{path} holds tensors of several floating dtypes {sorted(map(str, floats))}; "
+                      "they are loaded into the model's own dtypes", stacklevel=2)
+    return model
+
+
 def save_converted(model: nn.Module, directory: str | Path) -> Path:
     """Save a converted Hugging Face model as ``config.json`` (its config),
     ``mpo_layout.json`` (architecture class and :func:`mpo_layout`) and
@@ -703,7 +734,8 @@ def save_converted(model: nn.Module, directory: str | Path) -> Path:
 def load_converted(directory: str | Path, model_cls: type | None = None) -> nn.Module:
     """Inverse of :func:`save_converted`: build ``model_cls`` (default: the recorded
     ``transformers`` class) from the saved config, swap in MPOLinear layers per the
-    layout, load the weights strictly and return the model in eval mode."""
+    layout, load the weights strictly (in the saved floating dtype, see
+    :func:`match_saved_dtype`) and return the model in eval mode."""
     import transformers
 
     directory = Path(directory)
@@ -711,5 +743,6 @@ def load_converted(directory: str | Path, model_cls: type | None = None) -> nn.M
     cls = model_cls or getattr(transformers, layout["architecture"])
     model = cls(transformers.AutoConfig.from_pretrained(directory))
     apply_layout(model, layout["layers"])
+    match_saved_dtype(model, directory / WEIGHTS_FILE)
     load_weights(model, directory / WEIGHTS_FILE)
     return model.eval()

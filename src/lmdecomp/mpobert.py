@@ -83,7 +83,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from .mpo import MPOLinear, factorize, load_weights, save_weights
+from .mpo import MPOLinear, factorize, load_weights, match_saved_dtype, save_weights
 
 __all__ = [
     "WEIGHT_TYPES",
@@ -246,9 +246,21 @@ def mpo_bond_dims(out_shape: Sequence[int], in_shape: Sequence[int], bond: int |
     return [1, *left, r_left, r_right, *right, 1]
 
 
-def _layer_shapes(linear: nn.Linear, n_cores: int) -> tuple[list[int], list[int]]:
+def _layer_shapes(linear: nn.Linear, n_cores: int, name: str = "weight") -> tuple[list[int], list[int]]:
+    """:func:`~lmdecomp.mpo.factorize` of the weight's two sides. A side with a single
+    factor > 1 (a prime width ``p`` gives ``[1, 1, p, 1, 1]``) is refused: that whole
+    dimension would sit in the shared central tensor, so sharing it would share (almost)
+    the whole matrix and the auxiliary cores would hold nothing layer-specific."""
     out_f, in_f = linear.weight.shape
-    return factorize(out_f, n_cores), factorize(in_f, n_cores)
+    shapes = factorize(out_f, n_cores), factorize(in_f, n_cores)
+    for side, dim, factors in (("output", out_f, shapes[0]), ("input", in_f, shapes[1])):
+        if dim > 1 and sum(f > 1 for f in factors) < 2:
+            raise ValueError(
+                f"MPOBERT cannot split the {side} width {dim} of {name} into {n_cores} cores: it factorizes as "
+                f"{factors} (one non-trivial factor), so the shared central tensor would hold that whole side; "
+                "choose a width with at least two prime factors (e.g. not a prime)"
+            )
+    return shapes
 
 
 # --------------------------------------------------------------------------- #
@@ -349,7 +361,7 @@ def _install(model: nn.Module, cfg: MPOBertConfig, gates: Sequence[float]) -> No
     first = layers[0]
     specs = {}
     for t in WEIGHT_TYPES:
-        out_shape, in_shape = _layer_shapes(first.get_submodule(paths[t]), cfg.n_cores)
+        out_shape, in_shape = _layer_shapes(first.get_submodule(paths[t]), cfg.n_cores, t)
         specs[t] = (out_shape, in_shape, mpo_bond_dims(out_shape, in_shape, cfg.bond))
     c = cfg.n_cores // 2
     bank = CentralTensors({t: (b[c], o[c], i[c], b[c + 1]) for t, (o, i, b) in specs.items()})
@@ -552,7 +564,8 @@ def save(model: nn.Module, directory: str | Path) -> Path:
 
 
 def load(directory: str | Path) -> nn.Module:
-    """Inverse of :func:`save` (strict: every tensor present, nothing extra)."""
+    """Inverse of :func:`save` (strict: every tensor present, nothing extra; the saved
+    floating dtype is kept, see :func:`~lmdecomp.mpo.match_saved_dtype`)."""
     import transformers
 
     directory = Path(directory)
@@ -560,6 +573,7 @@ def load(directory: str | Path) -> nn.Module:
     cfg = MPOBertConfig(**record["config"])
     model = getattr(transformers, record["architecture"])(transformers.AutoConfig.from_pretrained(directory))
     _install(model, cfg, record["gates"])
+    match_saved_dtype(model, directory / WEIGHTS_FILE)
     load_weights(model, directory / WEIGHTS_FILE)
     model.mpobert_config = cfg
     model.mpobert_base_layers = record["base_layers"]
