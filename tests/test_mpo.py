@@ -390,6 +390,12 @@ def test_flops_hand_count_and_auto_choice(monkeypatch):
     # MACs per row (right to left would be 3·24 + 4·45 = 252). Rebuild: 24 + (2·4)·45 = 384.
     assert layer.flops(1) == {"contract": 2 * 210, "dense": 2 * (384 + 6 * 20)}
     assert layer.flops(10) == {"contract": 2 * 2100, "dense": 2 * (384 + 10 * 120)}
+    # Memory terms. Contraction outputs per row: (2)·1·(5) + (2·3)·1·1 = 36 elements.
+    # Rebuild (split 2, one left sweep): 2·8·3 + 2·120·1 = 288 elements.
+    # contract 420 + 480·36 = 17700 per row; dense 2·384 + 240 per row + 75·288 = 22368 + 240 per row.
+    assert layer.cost(1) == {"contract": 17700, "dense": 22368 + 240}
+    assert layer.cost(10) == {"contract": 177000, "dense": 22368 + 2400}
+    assert (layer.auto_path(1), layer.auto_path(2)) == ("contract", "dense")
     calls = []
     original = layer._contract
 
@@ -411,6 +417,33 @@ def test_wrong_input_width_is_a_clear_error(mode):
     for bad in (torch.randn(4, 59), torch.randn(2, 30), torch.randn(60, 1)):
         with pytest.raises(ValueError, match=r"in_features=60, got shape"):
             layer(bad)
+
+
+def test_auto_choice_weighs_memory_traffic_768_to_3072():
+    """768 → 3072 at bond 10: flops alone would pick the contraction for 4096 rows, which
+    measured ~7× slower than the dense path (MPOLinear docstring); the memory terms pick dense."""
+    layer = MPOLinear(BERT_3072, BERT_768, [1, 10, 10, 10, 10, 1])
+    assert layer._left_to_right
+    # |G_k| = 160, 1600, 3200, 2400, 120. Left to right, core k sees (∏_{m<k} i_m)(∏_{m>k} j_m) slices:
+    macs = 1 * 192 * 160 + 4 * 48 * 1600 + 16 * 12 * 3200 + 128 * 3 * 2400 + 768 * 1 * 120
+    # step k writes (∏_{m≤k} i_m)·r_k·(∏_{m>k} j_m) per row
+    elements = 4 * 10 * 192 + 16 * 10 * 48 + 128 * 10 * 12 + 768 * 10 * 3 + 3072 * 1 * 1
+    # rebuild at split 3: left 160 + 16·1600 + 256·3200, right 12·2400 + 120, join 2359296·10
+    rebuild = 160 + 16 * 1600 + 256 * 3200 + 12 * 2400 + 120 + 2359296 * 10
+    # written: left 2·(16·10 + 256·10 + 8192·10), right 2·(10·288 + 10·12), join + permute 2·2359296
+    rebuild_elements = 2 * (16 * 10 + 256 * 10 + 8192 * 10) + 2 * (10 * 288 + 10 * 12) + 2 * 2359296
+    assert (macs, elements, rebuild, rebuild_elements) == (1966080, 56832, 24466840, 4893872)
+
+    def expected(rows):
+        return {"contract": 2 * rows * macs + 480 * rows * elements,
+                "dense": 2 * (rebuild + rows * 2359296) + 75 * rebuild_elements}
+
+    for rows in (1, 15, 16, 4096):
+        assert layer.cost(rows) == expected(rows)
+    flops = layer.flops(4096)
+    assert flops["contract"] < flops["dense"]  # 0.83: flops alone pick the slow path
+    assert layer.auto_path(4096) == "dense"
+    assert [layer.auto_path(r) for r in (1, 15, 16, 64)] == ["contract", "contract", "dense", "dense"]
 
 def test_state_dict_round_trip():
     layer = MPOLinear.from_linear(linear(60, 96, seed=13), ([4, 6, 4], [3, 5, 4]), max_bond=3)
