@@ -153,6 +153,16 @@ def test_least_squares_with_too_few_rows_is_refused():
     assert np.isfinite(lmd.r_squared(m, lmd.fit_ridge(m, ["z"], "u", 0.1), "test"))
 
 
+def assert_moments_equal_numpy(streamed, x, split):
+    """Counts, sums and cross-products per split against float64 numpy on the rows in memory."""
+    x = x.astype(np.float64)
+    for s in lmd.SPLITS:
+        rows = x[split == s]
+        assert streamed.n[s] == len(rows)
+        np.testing.assert_allclose(streamed.sums[s], rows.sum(0), rtol=1e-12)
+        np.testing.assert_allclose(streamed.cross[s], rows.T @ rows, rtol=1e-12)
+
+
 def test_streaming_moments_over_shards_equal_one_in_memory_pass(tmp_path):
     rng = np.random.default_rng(3)
     n = 250
@@ -163,12 +173,7 @@ def test_streaming_moments_over_shards_equal_one_in_memory_pass(tmp_path):
     for name, block in zip(names, blocks):
         write_embeddings(tmp_path / name, name, ids, split, block, rows_per_shard=64)
     streamed = lmd.accumulate_moments({name: tmp_path / name for name in names})
-    x = np.concatenate(blocks, axis=1).astype(np.float64)
-    for s in lmd.SPLITS:
-        rows = x[split == s]
-        assert streamed.n[s] == len(rows)
-        np.testing.assert_allclose(streamed.sums[s], rows.sum(0), rtol=1e-12)
-        np.testing.assert_allclose(streamed.cross[s], rows.T @ rows, rtol=1e-12)
+    assert_moments_equal_numpy(streamed, np.concatenate(blocks, axis=1), split)
     streamed.save(tmp_path / "m.safetensors")
     loaded = lmd.Moments.load(tmp_path / "m.safetensors")
     assert loaded.names == names and loaded.dims == [4, 6, 3]
@@ -188,12 +193,8 @@ def test_streaming_moments_for_every_flush_size(tmp_path, flush_rows):
     for name, block in zip(["a", "b"], blocks):
         write_embeddings(tmp_path / name, name, np.arange(n), split, block, rows_per_shard=64)
     streamed = lmd.accumulate_moments({name: tmp_path / name for name in ["a", "b"]}, flush_rows=flush_rows)
-    x = np.concatenate(blocks, axis=1).astype(np.float64)
+    assert_moments_equal_numpy(streamed, np.concatenate(blocks, axis=1), split)
     for s in lmd.SPLITS:
-        rows = x[split == s]
-        assert streamed.n[s] == len(rows)
-        np.testing.assert_allclose(streamed.sums[s], rows.sum(0), rtol=1e-12)
-        np.testing.assert_allclose(streamed.cross[s], rows.T @ rows, rtol=1e-12)
         np.testing.assert_array_equal(streamed.cross[s], streamed.cross[s].T)
 
 
