@@ -52,17 +52,22 @@ def test_atomic_dir_fsyncs_every_file_before_the_rename(tmp_path, monkeypatch):
     assert events[replaced + 1:] == [("fsync", tmp_path.stat().st_ino)]
 
 
-def test_stale_temps_finds_what_a_sigkill_leaves_and_nothing_else(tmp_path):
-    target = tmp_path / "data[1].parquet"  # glob characters in the name are literal
+def sigkill_inside_atomic_path(target) -> None:
+    """What a process killed (SIGKILL: no cleanup runs) halfway through an atomic write leaves."""
     code = (
         "import os, signal, sys\n"
         "from lmdecomp.atomic import atomic_path\n"
         "with atomic_path(sys.argv[1]) as tmp:\n"
-        "    tmp.write_bytes(b'half')\n"
+        "    tmp.write_bytes(b'half written')\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True)
     assert proc.returncode == -signal.SIGKILL
+
+
+def test_stale_temps_finds_what_a_sigkill_leaves_and_nothing_else(tmp_path):
+    target = tmp_path / "data[1].parquet"  # glob characters in the name are literal
+    sigkill_inside_atomic_path(target)
     (left,) = tmp_path.iterdir()
     assert left.name.startswith(".data[1].parquet.") and left.name.endswith(".tmp")
     for other in (".data1.parquet.x.tmp", ".other.parquet.x.tmp", "data[1].parquet"):

@@ -501,7 +501,7 @@ def test_edited_recipe_after_kill_starts_fresh(edit, corpus, tmp_path, caplog):
     stop = pretrain(old, train, val, out, progress=False, checkpoint_every=5, max_steps_this_run=7)
     assert stop["completed"] is False
     assert (tmp_path / "m.work" / "checkpoint" / "checkpoint.pt").exists()
-    with caplog.at_level("WARNING", logger="lmdecomp.zoo"):
+    with caplog.at_level("WARNING", logger="lmdecomp.train"):
         got = pretrain(new, train, val, out, progress=False, checkpoint_every=5)
     assert got == ref
     assert _files(out) == _files(tmp_path / "ref")
@@ -539,20 +539,10 @@ def test_checkpoint_that_does_not_load_is_a_mismatch(tokenizers_500, corpus, tmp
 
 def test_leftover_temp_of_a_killed_save_is_removed(tokenizers_500, corpus, tmp_path):
     """SIGKILL inside the atomic save leaves '.checkpoint.pt.<random>.tmp'; the next run removes it."""
-    import signal
-    import subprocess
-    import sys
+    from test_atomic import sigkill_inside_atomic_path
 
     ck = tmp_path / "ck"
-    code = (
-        "import os, signal, sys\n"
-        "from lmdecomp.atomic import atomic_path\n"
-        "with atomic_path(sys.argv[1]) as tmp:\n"
-        "    tmp.write_bytes(b'half a checkpoint')\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code, str(ck / "checkpoint.pt")], capture_output=True)
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_inside_atomic_path(ck / "checkpoint.pt")
     left = [p.name for p in ck.iterdir()]
     assert len(left) == 1 and left[0].startswith(".checkpoint.pt.") and left[0].endswith(".tmp"), left
     (ck / ".other.pt.x.tmp").write_bytes(b"")  # someone else's temporary: kept

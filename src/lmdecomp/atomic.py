@@ -87,18 +87,25 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
-        for root, _dirs, files in os.walk(tmp):
-            for name in files:
-                if not os.path.islink(os.path.join(root, name)):
-                    _fsync_file(Path(root) / name)
-            _fsync_dir(Path(root))
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        replace_dir(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def replace_dir(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Move the finished folder ``src`` onto ``dst`` (replacing any folder there), with
+    every file fsync'ed first so the renamed folder never holds unwritten data."""
+    src, dst = Path(src), Path(dst)
+    for root, _dirs, files in os.walk(src):
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                _fsync_file(Path(root) / name)
+        _fsync_dir(Path(root))
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(src, dst)
+    _fsync_dir(dst.parent)
 
 
 def _umask() -> int:

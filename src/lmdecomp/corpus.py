@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .atomic import atomic_path
+from .params import repeated_names
 
 SPLITS = ("train", "val", "test")
 SEQUENCES_SCHEMA = pa.schema(
@@ -183,8 +184,7 @@ def chunk_offsets(offsets: list[tuple[int, int]], seq_len: int, min_tokens: int)
 def check_source_names(sources: Iterable[Mapping[str, Any]]) -> None:
     """Every source needs its own name: ``(source, doc_id)`` identifies a document and
     seeds its split, so two sources of one name could mix up their documents."""
-    names = [spec.get("name") for spec in sources]
-    twice = sorted({repr(n) for n in names if names.count(n) > 1})
+    twice = repeated_names(list(sources))
     if twice:
         raise CorpusError(f"corpus.sources: more than one source is named {', '.join(twice)}; give every source its own name")
 

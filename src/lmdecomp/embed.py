@@ -35,8 +35,6 @@ layer-wise LMD. They come from the same forward pass, so they cost only the pool
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -48,7 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import shards, words
-from .atomic import write_text
+from .atomic import replace_dir, write_text
 from .attention import use_blocked_attention
 from .models import ModelRef, weights_sha256
 
@@ -415,8 +413,7 @@ def embed_model(
         manifest["words_truncated"] = int(n_words - rows)
     shards.write_manifest(out_dir, manifest)
     if out_dir != final_dir:
-        shutil.rmtree(final_dir, ignore_errors=True)
-        os.replace(out_dir, final_dir)
+        replace_dir(out_dir, final_dir)
     return manifest
 
 

@@ -83,6 +83,12 @@ def load_params(
     return params
 
 
+def repeated_names(specs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The ``name`` values (as reprs, sorted) that more than one of ``specs`` carries."""
+    names = [spec.get("name") for spec in specs]
+    return sorted({repr(n) for n in names if names.count(n) > 1})
+
+
 def check_params(params: Mapping[str, Any]) -> None:
     """Rules across keys that the JSON schema does not express; every broken one is named."""
     problems = []
@@ -92,8 +98,7 @@ def check_params(params: Mapping[str, Any]) -> None:
         problems.append(f"models: {repeated} named more than once; model names must be unique")
     # A document is keyed (and its split seeded) by (source name, doc id); lmdecomp.corpus
     # checks this too when it runs.
-    sources = [spec.get("name") for spec in params.get("corpus", {}).get("sources", [])]
-    twice = sorted({repr(n) for n in sources if sources.count(n) > 1})
+    twice = repeated_names(params.get("corpus", {}).get("sources", []))
     if twice:
         problems.append(f"corpus.sources: more than one source is named {', '.join(twice)}; give every source its own name")
     for key, wanted in (("mpo.models", params.get("mpo", {}).get("models", [])),

@@ -56,9 +56,11 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import pickle
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -73,6 +75,7 @@ __all__ = [
     "TrainResult",
     "CheckpointMismatch",
     "train_mlm",
+    "train_mlm_restarting",
     "make_blocks",
     "mask_tokens",
     "fixed_eval_mask",
@@ -82,6 +85,7 @@ __all__ = [
 ]
 
 CHECKPOINT_NAME = "checkpoint.pt"
+_log = logging.getLogger(__name__)
 _CKPT_FORMAT = 1
 
 
@@ -474,8 +478,9 @@ def train_mlm(
     part of the checkpoint's weights: rebuild it before training it again).  The
     run's identity is the trajectory fields of ``config``, the training and
     validation blocks, the tokenizer's special ids, the model (class, tensor
-    shapes, Hugging Face config) and ``identity_extra`` (JSON data; e.g. the
-    recipe the model was built from, which also covers its initialization).
+    shapes, Hugging Face config, a digest of its starting weights) and
+    ``identity_extra`` (JSON data; e.g. the recipe the model was built from).
+    :func:`train_mlm_restarting` discards such a checkpoint and starts over.
 
     ``max_steps_this_run``: stop (after saving a checkpoint) once this many steps
     have been done in this call; the result then has ``completed=False`` and no
@@ -690,3 +695,19 @@ def train_mlm(
         n_val_tokens_scored=n_scored,
         resumed_from_step=resumed_from,
     )
+
+
+def train_mlm_restarting(model: nn.Module, tokenizer, train_texts: Sequence[str], val_texts: Sequence[str],
+                         config: TrainConfig | Mapping[str, Any], checkpoint_dir: str | os.PathLike | None = None,
+                         progress: bool = True, **kwargs: Any) -> TrainResult:
+    """:func:`train_mlm`, except that a checkpoint of another run (:class:`CheckpointMismatch`:
+    a killed run of other settings, of an edited recipe, of another base model) is discarded
+    with a warning and training starts over from the model's starting weights."""
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        return train_mlm(model, tokenizer, train_texts, val_texts, config, checkpoint_dir, progress, **kwargs)
+    except CheckpointMismatch as exc:
+        _log.warning("discarding the checkpoint of another run and starting over: %s", exc)
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        model.load_state_dict(start)  # the failed resume may have loaded some tensors
+        return train_mlm(model, tokenizer, train_texts, val_texts, config, checkpoint_dir, progress, **kwargs)

@@ -23,12 +23,8 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
-import shutil
 from pathlib import Path
 from typing import Any, Mapping, Sequence
-
-import torch
 
 from . import mpo, mpobert, train
 
@@ -36,8 +32,6 @@ __all__ = ["MODEL_VARIANTS", "make_variant", "load_variant", "val_loss"]
 
 MODEL_VARIANTS = ("dense", "mpo", "mpobert", "albert")
 MODEL_DIR = "model"
-
-_log = logging.getLogger(__name__)
 
 
 def val_loss(model, tokenizer, val_texts: Sequence[str], max_length: int, val_blocks: int, seed: int = 0) -> float:
@@ -80,14 +74,8 @@ def make_variant(name: str, base, tokenizer, train_texts: Sequence[str], val_tex
         if steps == 0:
             return
         ckpt = work / phase if work is not None else None
-        start = {k: v.clone() for k, v in model.state_dict().items()}
-        try:
-            result = train.train_mlm(model, tokenizer, train_texts, val_texts, _train_config(cfg, steps), ckpt, progress=progress)
-        except train.CheckpointMismatch as exc:  # a killed run of other settings or another base
-            _log.warning("discarding the checkpoint of another run and starting over: %s", exc)
-            shutil.rmtree(ckpt, ignore_errors=True)
-            model.load_state_dict(start)  # the failed resume may have loaded some tensors
-            result = train.train_mlm(model, tokenizer, train_texts, val_texts, _train_config(cfg, steps), ckpt, progress=progress)
+        result = train.train_mlm_restarting(model, tokenizer, train_texts, val_texts, _train_config(cfg, steps), ckpt,
+                                            progress=progress)
         logs.extend({"phase": phase, **row} for row in result.log)
         model.cpu().eval()
         record["val_loss"][phase] = loss(model)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import math
 import os
 import shutil
@@ -35,14 +34,13 @@ import torch
 
 from .atomic import atomic_dir, sha256_file
 from .train import (
-    CheckpointMismatch,
     TrainConfig,
     TrainResult,
     _maskable,
     _special_ids,
     fixed_eval_mask,
     make_blocks,
-    train_mlm,
+    train_mlm_restarting,
 )
 
 __all__ = [
@@ -59,8 +57,6 @@ __all__ = [
 ARCHITECTURES = ("bert", "roberta", "albert", "deberta-v2", "electra", "modernbert", "roformer")
 TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
 OBJECTIVES = ("mlm",)
-
-_log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- #
@@ -595,17 +591,9 @@ def pretrain(
     # dropout, init_std, ...) edited after a killed run must not resume the old weights.
     # ``name`` is only a label.
     run = {k: v for k, v in recipe.to_dict().items() if k != "name"}
-    try:
-        result: TrainResult = train_mlm(
-            model, tok, train_texts, val_texts, cfg, ckpt_dir, progress, max_steps_this_run=max_steps_this_run, identity_extra=run,
-        )
-    except CheckpointMismatch as exc:
-        _log.warning("discarding the checkpoint of another run and starting over: %s", exc)
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
-        model = build_model(recipe, tok)  # the failed resume may have loaded some tensors
-        result = train_mlm(
-            model, tok, train_texts, val_texts, cfg, ckpt_dir, progress, max_steps_this_run=max_steps_this_run, identity_extra=run,
-        )
+    result: TrainResult = train_mlm_restarting(
+        model, tok, train_texts, val_texts, cfg, ckpt_dir, progress, max_steps_this_run=max_steps_this_run, identity_extra=run,
+    )
     if not result.completed:
         return {"completed": False, "steps_done": result.steps_done, "checkpoint_dir": str(ckpt_dir)}
 
