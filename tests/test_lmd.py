@@ -239,6 +239,60 @@ def test_moments_computed_in_parts_reduce_to_the_one_pass_bits(tmp_path, per_job
         lmd.reduce_block_moments([one_pass])
 
 
+@pytest.mark.parametrize("per_job", [1, 3])
+def test_moments_without_blocks_computed_in_parts_reduce_to_one_pass(tmp_path, per_job):
+    """lmd.bootstrap: 0 with lmd.shards_per_job: streaming moments of groups of shards, reduced,
+    equal one pass to rounding and an explicit float64 computation; the reduce checks that the
+    parts tile the shards, as the block reduce does."""
+    rng = np.random.default_rng(8)
+    n = 250
+    blocks = [b.astype(np.float32) for b in planted(rng, n, [4, 6, 3])]
+    split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n)
+    names = ["m0", "m1", "m2"]
+    for name, block in zip(names, blocks):
+        write_embeddings(tmp_path / name, name, np.arange(n, dtype=np.int64), split, block, rows_per_shard=64)
+    folders = {name: tmp_path / name for name in names}
+    one_pass = lmd.accumulate_moments(folders, flush_rows=16)
+    parts = [lmd.accumulate_moments(folders, flush_rows=16, shard_range=(lo, min(lo + per_job, 4)))
+             for lo in range(0, 4, per_job)]
+    assert parts[-1].info["shard_range"] == [parts[-1].info["shard_range"][0], 4] and parts[0].info["n_shards"] == 4
+    reduced = lmd.reduce_moments(parts)
+    assert "shard_range" not in reduced.info and reduced.info == one_pass.info
+    x = np.concatenate(blocks, axis=1).astype(np.float64)
+    for s in lmd.SPLITS:
+        rows = x[split == s]
+        assert reduced.n[s] == one_pass.n[s] == len(rows)
+        np.testing.assert_allclose(reduced.sums[s], one_pass.sums[s], rtol=1e-13, atol=1e-12)
+        np.testing.assert_allclose(reduced.cross[s], one_pass.cross[s], rtol=1e-13, atol=1e-11)
+        np.testing.assert_allclose(reduced.cross[s], rows.T @ rows, rtol=1e-12, atol=1e-10)
+    if per_job == 1:
+        with pytest.raises(lmd.LMDError, match=r"part 1 \(shards 0..0\) overlaps"):
+            lmd.reduce_moments([parts[0], *parts[:3]])
+        with pytest.raises(lmd.LMDError, match=r"shards 3..3 are in no part"):
+            lmd.reduce_moments(parts[:3])
+
+
+def test_block_moments_that_cannot_fit_in_memory_are_refused_before_the_pass(tmp_path, monkeypatch):
+    """8 · blocks · 3 · width² bytes: the paper's 12 × 768-wide models with 40 blocks need 76 GiB;
+    the error gives the numbers and the two ways out instead of an out-of-memory kill."""
+    gib = 2**30
+    with pytest.raises(lmd.LMDError, match=r"need 75\.9 GiB \(40 blocks × 3 splits × 9216² float64.*16\.0 GiB.*"
+                                           r"lmd.bootstrap_blocks.*lmd.bootstrap: 0"):
+        lmd.check_block_memory(40, 9216, available=16 * gib)
+    lmd.check_block_memory(2, 9216, available=16 * gib)  # 3.8 GiB fits
+    rng = np.random.default_rng(9)
+    split = np.array(["train"] * 30, dtype=object)
+    for name in ("a", "b"):
+        write_embeddings(tmp_path / name, name, np.arange(30), split, rng.normal(size=(30, 5)).astype(np.float32), 10)
+    folders = {name: tmp_path / name for name in ("a", "b")}
+    needed = 8 * 3 * 3 * 10**2  # 3 blocks of 10 sequences, width 10
+    monkeypatch.setattr(lmd, "available_memory_bytes", lambda: needed)
+    with pytest.raises(lmd.LMDError, match="block moments need"):
+        lmd.accumulate_block_moments(folders, rows_per_block=10)
+    monkeypatch.setattr(lmd, "available_memory_bytes", lambda: 2 * needed)
+    assert len(lmd.accumulate_block_moments(folders, rows_per_block=10)) == 3
+
+
 def test_parts_that_do_not_tile_the_shards_are_refused(tmp_path):
     """Parts of one shard each: a part passed twice, missing, or out of order would add blocks
     twice or leave them empty, silently; the reduce checks the recorded shard ranges instead."""

@@ -256,6 +256,34 @@ def test_shards_per_job_splits_the_moments_pass_and_reduces_to_the_same_bytes(sn
     assert not list((work / "results/lmd/parts").glob("*.safetensors"))  # temp() parts are removed
 
 
+@pytest.mark.parametrize("per_job", [None, 1])
+def test_lmd_without_bootstrap_keeps_no_block_moments(snakemake_run, repo_root, tmp_path, per_job):
+    """lmd.bootstrap: 0 (config/paper.yaml's setting for wide models): the moments stage takes the
+    streaming pass and keeps no block moments (the blocks file holds zero blocks), as one job or
+    in parts; the fits equal the bootstrapped smoke run's estimates, without intervals."""
+    work = copy_repo(repo_root, tmp_path / "nobootstrap")
+    shutil.copytree(snakemake_run / "results", work / "results", copy_function=shutil.copy2)
+    for rel in ("results/lmd", "results/figures", "results/tables"):
+        shutil.rmtree(work / rel, ignore_errors=True)
+    (work / "nob.yaml").write_text("lmd:\n  bootstrap: 0\n" + (f"  shards_per_job: {per_job}\n" if per_job else ""))
+    configs = ["--configfile", "config/smoke.yaml", "nob.yaml"]
+    targets = ["results/lmd/loo.parquet", "results/lmd/pairwise.parquet"]
+    planned = run(["snakemake", *targets, "-n", "--cores", "2", *configs], work).stdout
+    assert planned.count("rule moments_part:") == (4 if per_job else 0) and "rule embed:" not in planned
+    run(["snakemake", *targets, "--cores", "2", *configs], work)
+    assert len(lmd.BlockMoments.load(work / "results/lmd/block_moments.safetensors")) == 0
+    ours, ref = (lmd.Moments.load(w / "results/lmd/moments.safetensors") for w in (work, snakemake_run))
+    for s in lmd.SPLITS:
+        assert ours.n[s] == ref.n[s] > 0
+        np.testing.assert_allclose(ours.cross[s], ref.cross[s], rtol=1e-12, atol=1e-9)
+    for table in ("loo", "pairwise"):
+        got, want = (pq.read_table(w / f"results/lmd/{table}.parquet").to_pylist() for w in (work, snakemake_run))
+        assert "r2_lo" not in got[0] and "r2_lo" in want[0]
+        assert [(r.get("basis"), r["target"], r["split"], r["alpha"]) for r in got] == \
+               [(r.get("basis"), r["target"], r["split"], r["alpha"]) for r in want]
+        np.testing.assert_allclose([r["r2"] for r in got], [r["r2"] for r in want], rtol=0, atol=1e-9)
+
+
 def test_word_granularity_runs_lmd_on_words_shared_by_every_tokenizer(repo_root, tmp_path):
     """config/words.yaml on the smoke config: word rows for three tokenizers' models, every word
     kept through windows, the LMD fits on the aligned words and their count in the metrics."""

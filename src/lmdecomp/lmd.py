@@ -349,12 +349,18 @@ def aligned_shards(
     return AlignedShards(names, dims, n_shards, rows(), info, [0, *np.cumsum(sequences).tolist()])
 
 
-def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False, flush_rows: int = 2048) -> Moments:
+def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False, flush_rows: int = 2048,
+                       shard_range: tuple[int, int] | None = None) -> Moments:
     """One streaming pass over the shards of all models, aligned on seq_id, into :class:`Moments`:
-    per split, one in-place rank-k update (dsyrk) of the cross-product per ``flush_rows`` rows."""
+    per split, one in-place rank-k update (dsyrk) of the cross-product per ``flush_rows`` rows.
+
+    ``shard_range=(lo, hi)`` reads shards lo..hi−1 only, one job of a scale-out without
+    bootstrap blocks (``info["shard_range"]``, ``info["n_shards"]``); :func:`reduce_moments`
+    adds the jobs' moments. Rows are flushed at different points than in one pass, so the
+    reduced moments equal one pass's to rounding (~1e-15 relative), not to the bit."""
     from tqdm.auto import tqdm
 
-    aligned = aligned_shards(folders)
+    aligned = aligned_shards(folders, shard_range)
     moments = Moments(aligned.names, aligned.dims)
     # Rows are gathered per split until there are ``flush_rows`` of them: a rank-k update reads
     # and writes the whole width² triangle, so a few hundred rows per update would cost as
@@ -381,7 +387,27 @@ def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False
         flush(s)
         _symmetrise_from_lower(moments.cross[s])
     moments.info = dict(aligned.info)
+    if shard_range is not None:
+        moments.info.update(shard_range=[int(v) for v in shard_range], n_shards=int(aligned.n_shards))
     return moments
+
+
+def reduce_moments(parts: Sequence[Moments]) -> Moments:
+    """Add the moments of :func:`accumulate_moments` jobs over disjoint shard ranges (given in
+    shard order, covering every shard once: :func:`_check_part_coverage`) into the moments of
+    all shards."""
+    if not parts:
+        raise LMDError("no partial moments to reduce")
+    _check_part_coverage(parts)
+    first = parts[0]
+    out = Moments(list(first.names), list(first.dims),
+                  info={k: v for k, v in first.info.items() if k not in _PART_KEYS})
+    for part in parts:
+        out.merge(part)
+    if "words" in out.info:
+        kept = sum(part.info.get("words_kept", 0) for part in parts)
+        out.info.update(words_kept=kept, words_dropped=out.info["words"] - kept)
+    return out
 
 
 @dataclass(frozen=True)
@@ -525,6 +551,8 @@ def _sub(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     r, c = run(rows), run(cols)
     if isinstance(r, slice):
         return matrix[r, c] if isinstance(c, slice) else np.take(matrix[r], c, axis=1)
+    if isinstance(c, slice):
+        return np.take(matrix[:, c], r, axis=0)
     return matrix[np.ix_(rows, cols)]
 
 
@@ -542,24 +570,28 @@ def _targets_r2(moments: Moments, split: str, basis_cols: np.ndarray, targets: S
     each target's Wᵀ side by side in ``targets`` order, ``bias`` (Q,); the formula of
     :func:`r_squared` summed per target block.
 
-    On train, ``train_penalty`` (p × Q, each target column's ridge λ over the basis rows) skips
-    the p² × Q product: the fit solves W (S_zz + diag λ) = S_uz, so tr(W S_zz Wᵀ) =
+    On train, ``train_penalty`` (Q × p, each target column's ridge λ over the basis columns)
+    skips the p² × Q product: the fit solves W (S_zz + diag λ) = S_uz, so tr(W S_zz Wᵀ) =
     tr(W S_zu) − Σ λ_i W_·i² and SSE = tr S_uu − tr(W S_zu) − Σ λ_i W_·i²."""
     cols = moments.columns(targets)
     starts = np.cumsum([0, *_dims_of(moments, targets)])[:-1]
     n, mean, scatter = moments.centred(split)
     sst = _sst(scatter, targets, cols, starts, split)
-    s_zt = _sub(scatter, basis_cols, cols)
-    fitted = np.sum(weight_t * s_zt, axis=0)
+    # Row-wise (Q × p) in C order throughout: a LAPACK solve returns Wᵀ in Fortran order, so its
+    # transpose W is C-ordered for free, and S_uz is a gather of whole rows of the scatter.
+    # Elementwise products across mismatched layouts run several times slower.
+    weight = np.ascontiguousarray(weight_t.T)
+    s_tz = _sub(scatter, cols, basis_cols)
+    fitted = np.einsum("ij,ij->i", weight, s_tz)
     if train_penalty is not None:
         if split != "train":
             raise LMDError("internal: the penalty shortcut holds on the train split only")
-        per_column = np.diagonal(scatter)[cols] - fitted - np.sum(train_penalty * weight_t**2, axis=0)
+        per_column = np.diagonal(scatter)[cols] - fitted - np.einsum("ij,ij->i", train_penalty, weight**2)
     else:
         s_zz = _sub(scatter, basis_cols, basis_cols)
-        offset = mean[cols] - mean[basis_cols] @ weight_t - bias
+        offset = mean[cols] - weight @ mean[basis_cols] - bias
         per_column = (np.diagonal(scatter)[cols] - 2.0 * fitted
-                      + np.sum((s_zz @ weight_t) * weight_t, axis=0) + n * offset**2)
+                      + np.einsum("ij,ij->i", weight @ s_zz, weight) + n * offset**2)
     return 1.0 - np.add.reduceat(per_column, starts) / sst
 
 
@@ -651,11 +683,11 @@ def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dic
         targets = [n for n in moments.names if n != basis]
         fits = fit_targets(moments, [basis], targets, alpha, warn_edge=False)  # warned below, once
         zi = moments.columns([basis])
-        weight_t = np.concatenate([fits[t][0].weight.T for t in targets], axis=1)
+        weight_t = np.concatenate([fits[t][0].weight for t in targets]).T  # Fortran order, as a solve's
         bias = np.concatenate([fits[t][0].bias for t in targets])
         unit = ridge_penalty(np.diagonal(moments.centred("train")[2])[zi], [len(zi)], 1.0)
         alphas = np.repeat([fits[t][0].alpha for t in targets], _dims_of(moments, targets))
-        r2 = {"train": _targets_r2(moments, "train", zi, targets, weight_t, bias, unit[:, None] * alphas),
+        r2 = {"train": _targets_r2(moments, "train", zi, targets, weight_t, bias, np.multiply.outer(alphas, unit)),
               "val": [next(row["val_r2"] for row in fits[t][1] if row["alpha"] == fits[t][0].alpha) for t in targets],
               "test": _targets_r2(moments, "test", zi, targets, weight_t, bias)}
         for split in SPLITS:
@@ -729,8 +761,10 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
             elif alpha_a == 0 and n <= width - (block.stop - block.start):
                 continue
             if inverse is not None:
-                residual_t = cho_solve(cho_factor(inverse[block, block], check_finite=False), inverse[block],
-                                       check_finite=False)
+                # C order: LAPACK returns Fortran order, and the elementwise (Rᵀ S)∘Rᵀ of the scores
+                # runs several times slower across mismatched layouts
+                residual_t = np.ascontiguousarray(cho_solve(cho_factor(inverse[block, block], check_finite=False),
+                                                            inverse[block], check_finite=False))
             else:
                 try:
                     fit = fit_ridge(moments, basis, target, alpha_a)
@@ -894,6 +928,35 @@ class BlockMoments:
                        fh.get_tensor("cross"), layout.get("info", {}))
 
 
+def available_memory_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_block_memory(n_blocks: int, width: int, available: int | None = None) -> None:
+    """Refuse block moments that cannot fit in memory, before allocating them: they take
+    8 · B · 3 · width² bytes (B blocks, three splits, one float64 width² cross-product each),
+    which for wide models dwarfs everything else (12 models of 768: 81 GB at B = 40).
+    ``available`` defaults to the machine's MemAvailable."""
+    needed = 8 * n_blocks * len(SPLITS) * width * width
+    available = available_memory_bytes() if available is None else available
+    if available is not None and needed > 0.8 * available:
+        gib = 2.0**30
+        raise LMDError(
+            f"the bootstrap's block moments need {needed / gib:.1f} GiB ({n_blocks} blocks × {len(SPLITS)} splits × "
+            f"{width}² float64 for a joint width of {width}) but {available / gib:.1f} GiB of memory is available: "
+            "lower lmd.bootstrap_blocks (memory is linear in it), or set lmd.bootstrap: 0 to fit without "
+            f"intervals (one {width}² matrix per split)"
+        )
+
+
 def accumulate_block_moments(
     folders: Mapping[str, str | Path],
     rows_per_block: int | None = None,
@@ -925,6 +988,7 @@ def accumulate_block_moments(
     else:
         first, last = starts[lo] // rows_per_block, (starts[hi] - 1) // rows_per_block
         blocks_total = -(-starts[-1] // rows_per_block)
+    check_block_memory(last - first + 1, sum(aligned.dims))
     out = BlockMoments.zeros(aligned.names, aligned.dims, last - first + 1)
     for index, (split, x, seq_id) in enumerate(
         tqdm(aligned.rows, total=hi - lo, desc="block moments", unit="shard", disable=not progress), start=lo
@@ -940,7 +1004,9 @@ def accumulate_block_moments(
                 if len(rows_bs):
                     out.n[b - first, k] += len(rows_bs)
                     out.sums[b - first, k] += rows_bs.sum(axis=0)
-                    out.cross[b - first, k] += rows_bs.T @ rows_bs
+                    _syrk_lower(out.cross[b - first, k], rows_bs)
+    for cross in out.cross.reshape(-1, out.width, out.width):
+        _symmetrise_from_lower(cross)
     out.info = dict(aligned.info)
     if shard_range is not None:
         out.info.update(block_offset=int(first), blocks_total=int(blocks_total), shard_range=[int(lo), int(hi)],
@@ -993,6 +1059,7 @@ def reduce_block_moments(parts: Sequence[BlockMoments]) -> BlockMoments:
         if part.names != first.names or part.dims != first.dims or part.info.get("blocks_total") != total:
             raise LMDError("cannot reduce partial moments of different model sets or block layouts; rerun every part")
     _check_part_coverage(parts)
+    check_block_memory(int(total), first.width)
     out = BlockMoments.zeros(first.names, first.dims, int(total))
     info = {k: v for k, v in first.info.items() if k not in _PART_KEYS}
     kept = 0

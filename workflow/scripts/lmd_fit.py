@@ -24,7 +24,10 @@ args = parser.parse_args()
 
 cfg = load_stage_params(args.params, "lmd_fit")["lmd"]
 moments = lmd.Moments.load(args.moments)
-blocks = lmd.BlockMoments.load(args.blocks)
+blocks = lmd.BlockMoments.load(args.blocks) if cfg["bootstrap"] > 0 else None
+if blocks is not None and len(blocks) == 0:
+    raise SystemExit(f"{args.blocks} holds no blocks (the moments stage ran with lmd.bootstrap: 0), "
+                     f"but lmd.bootstrap is {cfg['bootstrap']}: rerun the moments stage")
 with lmd.blas_threads(cfg["threads"]):
     pairwise = lmd.fit_pairwise(moments, cfg["alpha"])
     loo = lmd.fit_leave_one_out(moments, cfg["alpha"])
