@@ -542,6 +542,13 @@ def _one_alpha(alpha, what: str) -> float:
     return float(alpha)
 
 
+def _runs(idx: np.ndarray) -> list[tuple[slice, slice]]:
+    """The contiguous runs of an index array, as (positions in ``idx``, the indices they hold)."""
+    breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+    starts, stops = [0, *breaks.tolist()], [*breaks.tolist(), len(idx)]
+    return [(slice(a, b), slice(int(idx[a]), int(idx[a]) + b - a)) for a, b in zip(starts, stops)]
+
+
 def _sub(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """matrix[rows][:, cols]: a view when both are one contiguous run (a single model's block),
     else a gather — np.ix_ on a width² matrix is a slow random-access copy."""
@@ -1105,12 +1112,15 @@ def bootstrap_r2_samples(
     the fit and R² of :func:`fit_ridge` / :func:`r_squared` on the resampled sequences.
     A replicate with an empty split or a singular fit is an error (use larger blocks or α > 0).
 
+    Only the blocks a fit reads are gathered and weighted: C_zz, C_zu and the diagonal of C_uu
+    (tr S_uu), not the whole (p + q)² cross-product.
+
     Memory, for w = p + q the basis + target width, B blocks and R = 16e6 / w² replicates per
-    chunk (so that one (R, w, w) float64 array is ≤ 128 MB, ``_BOOTSTRAP_ARRAY_BYTES``): the
-    gathered block cross-products, B · w² · 8 bytes per split used (train included), plus per
-    chunk the train scatter and one held-out scatter (2 × 128 MB) and up to four (R, p, q)
-    products (each ≤ ¼ of one, as pq ≤ w²/4): < 3 × 128 MB beyond the gathered blocks (measured
-    2.4 × for p = 4q; tests/test_lmd_depth.py holds the bound).
+    chunk (so that one (R, w, w) float64 array would be ≤ 128 MB, ``_BOOTSTRAP_ARRAY_BYTES``):
+    the gathered blocks, B · (p² + pq + q) · 8 bytes per split used (train included), plus per
+    chunk the train and one held-out split's S_zz and S_zu (each pair < one (R, w, w) array) and
+    up to four (R, p, q) products (each ≤ ¼ of one, as pq ≤ w²/4): < 3 × 128 MB beyond the
+    gathered blocks (tests/test_lmd_depth.py holds the bound).
     """
     if _alpha_grid(alpha) is not None:
         raise LMDError("bootstrap_r2 takes one α; pass the α chosen on the full data (the fit row's alpha)")
@@ -1132,30 +1142,48 @@ def bootstrap_r2_samples(
         _check_basis_variance(basis, basis_dims, square_all - sum_all**2 / n_all, square_all)
     weights = bootstrap_weights(n_blocks, n_boot, seed).astype(np.float64)
 
+    zcols, ucols = cols[:p], cols[p:]
+
+    def gather(cross_k, rows, columns):
+        """(B, len(rows) · len(columns)) of cross_k (B, W, W), copied one pair of contiguous runs
+        (model blocks) at a time: a fancy-index gather of (B, W, W) is several times slower."""
+        out = np.empty((n_blocks, len(rows), len(columns)))
+        for to_i, from_i in _runs(rows):
+            for to_j, from_j in _runs(columns):
+                out[:, to_i, to_j] = cross_k[:, from_i, from_j]
+        return out.reshape(n_blocks, -1)
+
     def sliced(s):
+        # only what a fit and its score use: C_zz, C_zu and the diagonal of C_uu (for tr S_uu),
+        # not the whole (p + q)² cross-product
         k = SPLITS.index(s)
-        return (blocks.n[:, k].astype(np.float64), blocks.sums[:, k][:, cols],
-                blocks.cross[:, k][:, cols[:, None], cols[None, :]].reshape(n_blocks, w * w))
+        cross_k = blocks.cross[:, k]
+        return (blocks.n[:, k].astype(np.float64), blocks.sums[:, k][:, cols], gather(cross_k, zcols, zcols),
+                gather(cross_k, zcols, ucols), np.diagonal(cross_k, axis1=1, axis2=2)[:, ucols])
 
     stats = {s: sliced(s) for s in dict.fromkeys(["train", *splits])}
 
     def replicate(stats, wts):
-        n_b, s_b, c_b = stats
+        """(n, μ, S_zz, S_zu, tr S_uu) of each replicate: weighted sums of blocks, centred."""
+        n_b, s_b, zz_b, zu_b, uu_b = stats
         n = wts @ n_b
         with np.errstate(divide="ignore", invalid="ignore"):
             mean = (wts @ s_b) / n[:, None]
-        scatter = (wts @ c_b).reshape(len(wts), w, w)
         n_mean = n[:, None] * mean
-        for r in range(len(wts)):  # S = C − (n μ) μᵀ in place, one replicate at a time: no second (R, w, w)
-            scatter[r] -= np.multiply.outer(n_mean[r], mean[r])
-        return n, mean, scatter
+        s_zz = (wts @ zz_b).reshape(len(wts), p, p)
+        s_zu = (wts @ zu_b).reshape(len(wts), p, w - p)
+        for r in range(len(wts)):  # S = C − (n μ) μᵀ in place, one replicate at a time
+            s_zz[r] -= np.multiply.outer(n_mean[r, zi], mean[r, zi])
+            s_zu[r] -= np.multiply.outer(n_mean[r, zi], mean[r, ui])
+        tr_uu = wts @ uu_b.sum(axis=1) - np.sum(n_mean[:, ui] * mean[:, ui], axis=1)
+        return n, mean, s_zz, s_zu, tr_uu
 
     out = {s: np.empty(n_boot) for s in splits}
     chunk = max(1, int(_BOOTSTRAP_ARRAY_BYTES // (8 * w * w)))
     for lo in range(0, n_boot, chunk):
         wts = weights[lo:lo + chunk]
-        n_t, mu_t, sc_t = replicate(stats["train"], wts)
-        s_zz, s_zu = sc_t[:, :p, :p], sc_t[:, :p, p:]
+        train = replicate(stats["train"], wts)
+        n_t, mu_t, s_zz, s_zu, _ = train
         regularised = s_zz.copy()
         diagonal = np.arange(p)
         regularised[:, diagonal, diagonal] += ridge_penalty(np.diagonal(s_zz, axis1=1, axis2=2), basis_dims, alpha)
@@ -1167,17 +1195,16 @@ def bootstrap_r2_samples(
         del regularised
         bias = mu_t[:, ui] - (mu_t[:, None, zi] @ weight_t)[:, 0]
         for s in splits:
-            n_s, mu_s, sc_s = (n_t, mu_t, sc_t) if s == "train" else replicate(stats[s], wts)
-            s_uu = np.trace(sc_s[:, p:, p:], axis1=1, axis2=2)
+            n_s, mu_s, zz_s, zu_s, s_uu = train if s == "train" else replicate(stats[s], wts)
             offset = mu_s[:, ui] - (mu_s[:, None, zi] @ weight_t)[:, 0] - bias
-            sse = (s_uu - 2.0 * np.sum(weight_t * sc_s[:, :p, p:], axis=(1, 2))
-                   + np.sum((sc_s[:, :p, :p] @ weight_t) * weight_t, axis=(1, 2))
+            sse = (s_uu - 2.0 * np.sum(weight_t * zu_s, axis=(1, 2))
+                   + np.sum((zz_s @ weight_t) * weight_t, axis=(1, 2))
                    + n_s * np.sum(offset**2, axis=1))
             with np.errstate(divide="ignore", invalid="ignore"):
                 r2 = 1.0 - sse / s_uu
             r2[(n_s == 0) | (s_uu <= 0) | ((alpha == 0) & (n_t <= p))] = np.nan
             out[s][lo:lo + chunk] = r2
-            del sc_s  # before the next split's scatter is built: two (R, w, w) arrays at most
+            del zz_s, zu_s  # before the next split's are built
     for s, samples in out.items():
         bad = int((~np.isfinite(samples)).sum())
         if bad:
