@@ -27,11 +27,11 @@ def params_with(tmp_path, **sections):
     for key, value in sections.items():
         merged[key] = value
     if "models" in sections:  # keep the keys that name models pointing at listed ones
-        names = [m["name"] for m in sections["models"]]
+        names = list(sections["models"])
         merged["mpo"]["models"] = [m for m in merged["mpo"]["models"] if m in names]
         merged["mpobert"]["base"] = names[0]
     path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(merged))
+    path.write_text(yaml.safe_dump(merged, sort_keys=False))
     return path, merged
 
 
@@ -59,7 +59,7 @@ def run_moments(tmp_path, root, params):
 
 @pytest.fixture()
 def ab_params(tmp_path):
-    path, _ = params_with(tmp_path, models=[{"name": "a", "path": "a"}, {"name": "b", "path": "b"}])
+    path, _ = params_with(tmp_path, models={"a": {"path": "a"}, "b": {"path": "b"}})
     return path
 
 
@@ -82,11 +82,11 @@ def test_unknown_key_and_wrong_type_in_params(tmp_path):
 
 
 def test_unknown_model_source(tmp_path):
-    bad, _ = params_with(tmp_path, models=[{"name": "a", "ftp": "x"}, {"name": "b", "path": "p"}])
+    bad, _ = params_with(tmp_path, models={"a": {"ftp": "x"}, "b": {"path": "p"}})
     out = tmp_path / "models" / "a"
     metrics = tmp_path / "a.json"
     assert_failed(script("model", "--params", bad, "--model", "a", "--sequences", "x", "--out", out, "--metrics", metrics),
-                  "models.0", "'ftp' was unexpected")
+                  "models.a", "'ftp' was unexpected")
     assert not out.exists() and not metrics.exists()
 
 
@@ -95,7 +95,7 @@ def test_model_folder_without_tokenizer(tmp_path, tiny_model_dir):
     folder.mkdir()
     for f in ("config.json", "model.safetensors"):
         (folder / f).write_bytes((tiny_model_dir / f).read_bytes())
-    bad, _ = params_with(tmp_path, models=[{"name": "nt", "path": str(folder)}, {"name": "b", "path": "p"}])
+    bad, _ = params_with(tmp_path, models={"nt": {"path": str(folder)}, "b": {"path": "p"}})
     out = tmp_path / "models" / "nt"
     metrics = tmp_path / "nt.json"
     assert_failed(script("model", "--params", bad, "--model", "nt", "--sequences", "x", "--out", out, "--metrics", metrics),
@@ -200,7 +200,7 @@ def test_too_few_train_rows_for_the_basis_without_regularisation(tmp_path):
     root = two_models(tmp_path, dims=(8, 4), split=split)
     _, merged = params_with(tmp_path)
     lmd_cfg = {**merged["lmd"], "alpha": 0.0, "bootstrap": 0}
-    params, _ = params_with(tmp_path, models=[{"name": "a", "path": "a"}, {"name": "b", "path": "b"}], lmd=lmd_cfg)
+    params, _ = params_with(tmp_path, models={"a": {"path": "a"}, "b": {"path": "b"}}, lmd=lmd_cfg)
     proc, moments = run_moments(tmp_path, root, params)
     assert proc.returncode == 0, proc.stderr
     outs = {k: tmp_path / "lmd" / f"{k}.parquet" for k in ("pairwise", "loo", "selection")}

@@ -8,8 +8,10 @@ import yaml
 from lmdecomp.params import (
     ParamsError,
     UnlistedParam,
+    bind_param_keys,
     load_params,
     merge_params,
+    read_yaml,
     restrict_params,
     stage_param_keys,
 )
@@ -29,10 +31,28 @@ def test_default_and_smoke_configs_are_valid(repo_root):
     assert smoke["corpus"]["sources"] == base["corpus"]["sources"]  # merged, not replaced
 
 
-def test_merge_follows_snakemake_rules():
+def test_merge_follows_snakemake_rules_except_that_an_overlay_replaces_the_models():
     base = {"a": {"x": 1, "y": [1, 2]}, "b": 2}
     assert merge_params(base, {"a": {"y": [3]}, "c": 4}) == {"a": {"x": 1, "y": [3]}, "b": 2, "c": 4}
     assert base == {"a": {"x": 1, "y": [1, 2]}, "b": 2}
+    base = {"models": {"m1": {"path": "p"}, "m2": {"path": "q"}}, "mpo": {"models": ["m1"], "seed": 0}}
+    assert merge_params(base, {"models": {"m3": {"path": "r"}}, "mpo": {"seed": 1}}) == {
+        "models": {"m3": {"path": "r"}}, "mpo": {"models": ["m1"], "seed": 1}}
+    # only at the top level: a nested key called models merges as usual
+    assert merge_params({"x": {"models": {"a": 1}}}, {"x": {"models": {"b": 2}}}) == {"x": {"models": {"a": 1, "b": 2}}}
+
+
+def test_a_model_named_twice_is_refused_and_yaml_merge_keys_may_override(repo_root, tmp_path):
+    """PyYAML keeps the last of two equal keys silently, so a second model of the same name
+    would replace the first; read_yaml refuses it. A key brought in by <<: may be overridden
+    (params.yaml's zoo models are written so)."""
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("models:\n  a: {path: p}\n  b: {path: q}\n  a: {path: r}\n")
+    with pytest.raises(ParamsError, match="found the key 'a' twice"):
+        load_params([repo_root / "params.yaml", twice], repo_root / "workflow/schemas/params.schema.yaml")
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &b {x: 1, y: 2}\nmodels:\n  a: {<<: *b, y: 3}\n")
+    assert read_yaml(merged)["models"]["a"] == {"x": 1, "y": 3}
 
 
 @pytest.mark.parametrize(
@@ -41,7 +61,9 @@ def test_merge_follows_snakemake_rules():
         ({"embed": {"pooling": "median"}}, "embed.pooling"),
         ({"corpus": {"seq_len": "long"}}, "corpus.seq_len"),
         ({"lmd": {"alpah": 1}}, "lmd: Additional properties are not allowed ('alpah' was unexpected)"),
-        ({"models": [{"name": "a", "ftp": "x"}, {"name": "b", "path": "p"}]}, "models.0"),
+        ({"models": {"a": {"ftp": "x"}, "b": {"path": "p"}}}, "models.a"),
+        ({"models": {"a.b": {"path": "x"}, "c": {"path": "p"}}}, "models: 'a.b' does not match"),
+        ({"models": [{"name": "a", "path": "x"}, {"name": "b", "path": "p"}]}, "write each `- {name: minilm, package: …}` as `minilm: {package: …}`"),
         ({"corpus": {"sources": [{"name": "a", "path": "x"}, {"name": "a", "path": "y"}]}},
          "corpus.sources: more than one source is named 'a'"),
     ],
@@ -54,15 +76,25 @@ def test_broken_params_name_the_key(repo_root, tmp_path, overlay, named):
 
 
 def test_a_stage_sees_exactly_the_keys_dvc_yaml_lists_for_it(tmp_path):
-    full = {"lmd": {"threads": 2, "alpha": 0.1, "grid": {"lo": 1}}, "models": [{"name": "a"}], "zoo": {"threads": 4}}
+    full = {"lmd": {"threads": 2, "alpha": 0.1, "grid": {"lo": 1}}, "models": {"a": {"path": "p"}, "b": {"path": "q"}},
+            "zoo": {"threads": 4}, "mpobert": {"base": "b"}}
     dvc = write(tmp_path, "dvc.yaml", {"stages": {
         "fit": {"cmd": "x", "params": ["models", "lmd.threads", "lmd.grid.lo", "lmd.absent"]},
-        "each": {"foreach": [1], "do": {"cmd": "y", "params": ["zoo"]}},
+        "each": {"foreach": "${models}", "do": {"cmd": "y", "params": ["models.${key}", "zoo"]}},
+        "base": {"cmd": "z", "params": ["models.${mpobert.base}"]},
     }})
     assert stage_param_keys("fit", dvc) == ["models", "lmd.threads", "lmd.grid.lo", "lmd.absent"]
-    assert stage_param_keys("each", dvc) == ["zoo"]
+    assert stage_param_keys("each", dvc) == ["models.${key}", "zoo"]
     seen = restrict_params(full, stage_param_keys("fit", dvc), "fit")
-    assert seen == {"models": [{"name": "a"}], "lmd": {"threads": 2, "grid": {"lo": 1}}}
+    assert seen == {"models": {"a": {"path": "p"}, "b": {"path": "q"}}, "lmd": {"threads": 2, "grid": {"lo": 1}}}
+    # a foreach job sees its own model only; ${…} of a params key is filled in as DVC does
+    one = restrict_params(full, bind_param_keys(stage_param_keys("each", dvc), full, "each", key="a"), "each")
+    assert one == {"models": {"a": {"path": "p"}}, "zoo": {"threads": 4}}
+    with pytest.raises(UnlistedParam, match="'models.b'"):
+        one["models"]["b"]
+    assert bind_param_keys(stage_param_keys("base", dvc), full, "base") == ["models.b"]
+    with pytest.raises(ParamsError, match=r"\$\{key\}, which is neither given for this job"):
+        bind_param_keys(stage_param_keys("each", dvc), full, "each")
     assert seen["lmd"].get("shards_per_job", 3) == 3  # absent from the full params too: a plain default
     for read in (lambda: seen["lmd"]["alpha"], lambda: seen["lmd"].get("alpha"), lambda: seen["zoo"]):
         with pytest.raises(UnlistedParam, match="dvc.yaml does not list"):
@@ -87,7 +119,7 @@ def test_every_job_script_loads_only_its_stage_params_and_every_rule_tracks_them
     for script, stage in script_stage.items():
         text = (repo_root / script).read_text()
         if "--params" in text:
-            assert f'load_stage_params(args.params, "{stage}")' in text, script
+            assert f'load_stage_params(args.params, "{stage}"' in text, script
             assert "load_params(" not in text, script
     rules = "\n".join(p.read_text() for p in sorted((repo_root / "workflow/rules").glob("*.smk")))
     for block in re.split(r"\n\s*rule ", rules)[1:]:
@@ -99,7 +131,6 @@ def test_every_job_script_loads_only_its_stage_params_and_every_rule_tracks_them
 @pytest.mark.parametrize(
     "overlay,named",
     [
-        ({"models": [{"name": "a", "path": "p"}, {"name": "a", "path": "q"}]}, "['a'] named more than once"),
         ({"embed": {"pooling": "cls"}}, "set embed.overflow: truncate"),
         ({"embed": {"overflow": "truncate", "pooling": "cls", "granularity": "word"}}, "embed.granularity: word"),
         ({"finetune": {"splits": {"train": 0.5, "val": 0.1, "test": 0.1}}}, "finetune.splits must sum to 1"),

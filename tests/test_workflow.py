@@ -226,6 +226,18 @@ def test_dvc_agrees_with_snakemake_byte_for_byte(snakemake_run, repo_root, tmp_p
     loo_data = json.dumps(plots["Leave-one-out LMD, test R² per target"])
     assert all(row["target"] in loo_data for row in loo_rows)
 
+    # stages are named by model, and each tracks its own model's spec: editing one model
+    # leaves the others' stages up to date (as Snakemake does)
+    stages = run(["dvc", "stage", "list", "--name-only"], work).stdout.split()
+    assert {"model@minilm", "model@zoo-tiny", "embed@cassette"} <= set(stages)
+    edited = yaml.safe_load((work / "params.yaml").read_text())
+    edited["models"]["zoo-tiny"]["pretrain"]["seed"] = 1
+    (work / "params.yaml").write_text(yaml.safe_dump(edited, sort_keys=False))
+    changed = run(["dvc", "status"], work).stdout
+    assert "model@zoo-tiny:" in changed and "embed@zoo-tiny:" in changed
+    assert "model@minilm:" not in changed and "embed@cassette:" not in changed
+    (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
+
     # an experiment with one parameter changed runs the DAG again with it
     run(["git", "add", "-A"], work)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "smoke"], work)
@@ -323,11 +335,22 @@ def test_other_configs_plan_the_whole_dag_from_a_clean_checkout(repo_root, tmp_p
     out = run(["snakemake", "-n", "--cores", "1", "--configfile", overlay], work).stdout
     params = load_params([repo_root / "params.yaml", repo_root / overlay])
     for model in params["models"]:
-        assert f"results/embeddings/{model['name']}" in out, model["name"]
+        assert f"results/embeddings/{model}" in out, model
+    # the overlay's models replace params.yaml's: none of the default zoo is planned
+    planned = set(re.findall(r"results/embeddings/([\w-]+)", out))
+    assert planned == set(params["models"]), planned ^ set(params["models"])
     for task in params["finetune"]["tasks"]:
         for variant in params["finetune"]["variants"]:
             assert f"results/finetune/{task['name']}/{variant['name']}/metrics.json" in out
     assert "results/figures/mpo_tradeoff.png" in out
+
+
+def test_config_on_the_command_line_is_refused(repo_root, tmp_path):
+    """--config values would not reach the job scripts (they read the config files)."""
+    work = copy_repo(repo_root, tmp_path)
+    proc = run(["snakemake", "-n", "--cores", "1", "--config", "lmd={'alpha': 0.5}"], work, check=False)
+    assert proc.returncode != 0
+    assert "--config overrides are not passed to the job scripts" in proc.stdout + proc.stderr
 
 
 def test_broken_params_stop_snakemake_before_any_job(repo_root, tmp_path):
@@ -409,8 +432,8 @@ def test_a_bad_model_leaves_nothing_half_written_and_keep_going_finishes_the_res
     (broken / "config.json").write_text("{}")
     (broken / "vocab.txt").write_text("[PAD]\n")  # a tokenizer file, but no weights
     smoke = yaml.safe_load((work / "config/smoke.yaml").read_text())
-    smoke["models"].append({"name": "broken", "path": str(broken)})
-    (work / "bad.yaml").write_text(yaml.safe_dump(smoke))
+    smoke["models"]["broken"] = {"path": str(broken)}
+    (work / "bad.yaml").write_text(yaml.safe_dump(smoke, sort_keys=False))
     proc = run(["snakemake", "--cores", "2", "--configfile", "bad.yaml", "--keep-going"], work, check=False)
     assert proc.returncode != 0
     assert "model 'broken'" in (work / "results/logs/model/broken.log").read_text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -19,16 +20,44 @@ class ParamsError(ValueError):
     """params.yaml (or a config merged on top of it) is malformed."""
 
 
-def merge_params(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+# Top-level keys that a later config file replaces whole instead of merging into: an overlay
+# lists exactly the models it runs (config/smoke.yaml runs three, not params.yaml's eight plus three).
+REPLACED_WHOLE = ("models",)
+
+
+def merge_params(base: Mapping[str, Any], update: Mapping[str, Any], top: bool = True) -> dict[str, Any]:
     """Deep-merge ``update`` into a copy of ``base``: mappings merge key by key, anything
-    else (lists included) is replaced. This is Snakemake's ``update_config`` rule."""
+    else (lists included) is replaced, as Snakemake's ``update_config`` does; the top-level
+    keys in :data:`REPLACED_WHOLE` are replaced whole."""
     merged = copy.deepcopy(dict(base))
     for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = merge_params(merged[key], value)
+        whole = top and key in REPLACED_WHOLE
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping) and not whole:
+            merged[key] = merge_params(merged[key], value, top=False)
         else:
             merged[key] = copy.deepcopy(value)
     return merged
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one
+    silently: a second model of the same name would replace the first). Keys brought in by a
+    ``<<:`` merge may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found the key {key!r} twice (first {seen[key]}); every key of a mapping must be unique",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
 
 
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
@@ -36,7 +65,7 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise ParamsError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise ParamsError(f"config file {path} is not valid YAML: {exc}") from exc
     if data is None:
@@ -78,6 +107,9 @@ def load_params(
         params = merge_params(params, read_yaml(path))
     if not Path(schema_path).is_file():
         raise ParamsError(f"schema {schema_path} not found: run from the workflow's root folder")
+    if isinstance(params.get("models"), list):  # the format before models became a mapping
+        raise ParamsError("models: is a mapping from model name to source; write each "
+                          "`- {name: minilm, package: …}` as `minilm: {package: …}`")
     validate_params(params, schema_path)
     check_params(params)
     return params
@@ -92,10 +124,7 @@ def repeated_names(specs: Sequence[Mapping[str, Any]]) -> list[str]:
 def check_params(params: Mapping[str, Any]) -> None:
     """Rules across keys that the JSON schema does not express; every broken one is named."""
     problems = []
-    names = [m["name"] for m in params.get("models", [])]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        problems.append(f"models: {repeated} named more than once; model names must be unique")
+    names = list(params.get("models", {}))
     # A document is keyed (and its split seeded) by (source name, doc id); lmdecomp.corpus
     # checks this too when it runs.
     twice = repeated_names(params.get("corpus", {}).get("sources", []))
@@ -130,12 +159,35 @@ DVC_PATH = Path("dvc.yaml")
 
 
 def stage_param_keys(stage: str, dvc_path: str | os.PathLike = DVC_PATH) -> list[str]:
-    """The params.yaml keys (dotted paths) that dvc.yaml lists for ``stage``."""
+    """The params.yaml keys (dotted paths) that dvc.yaml lists for ``stage``, as written there:
+    a foreach stage may list ``models.${key}`` (:func:`bind_param_keys` fills it in)."""
     stages = read_yaml(dvc_path).get("stages", {})
     if stage not in stages:
         raise ParamsError(f"{dvc_path} has no stage {stage!r}; stages: {sorted(stages)}")
     spec = stages[stage].get("do", stages[stage])
     return [k for entry in spec.get("params") or [] for k in ([entry] if isinstance(entry, str) else entry)]
+
+
+_INTERPOLATION = re.compile(r"\$\{([^}]+)\}")
+
+
+def bind_param_keys(keys: Sequence[str], params: Mapping[str, Any], stage: str, **bindings: str) -> list[str]:
+    """``keys`` with DVC's ``${...}`` filled in as DVC fills them for one job: ``${key}`` or
+    ``${item}`` from ``bindings`` (the foreach element the job runs, e.g. key="minilm"), any
+    other ``${a.b}`` from ``params``."""
+    def value(match):
+        name = match.group(1)
+        if name in bindings:
+            return str(bindings[name])
+        node: Any = params
+        for part in name.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                raise ParamsError(f"dvc.yaml stage {stage!r} lists a params key with ${{{name}}}, which is neither "
+                                  f"given for this job ({sorted(bindings)}) nor a key of the params")
+            node = node[part]
+        return str(node)
+
+    return [_INTERPOLATION.sub(value, key) for key in keys]
 
 
 class UnlistedParam(ParamsError, KeyError):
@@ -164,7 +216,7 @@ class StageParams(dict):
 
     def _unlisted(self, key: str) -> UnlistedParam:
         return UnlistedParam(
-            f"stage {self._stage!r} reads params key {self._prefix}{key!r}, which dvc.yaml does not "
+            f"stage {self._stage!r} reads params key '{self._prefix}{key}', which dvc.yaml does not "
             f"list under its params: add it there, or the stage will not rerun when it changes"
         )
 
@@ -193,17 +245,20 @@ def restrict_params(params: Mapping[str, Any], keys: Sequence[str], stage: str) 
     return StageParams(listed, params, stage)
 
 
-def load_stage_params(paths: Sequence[str | os.PathLike], stage: str) -> StageParams:
-    """:func:`load_params`, restricted to the keys dvc.yaml lists for ``stage``."""
-    return restrict_params(load_params(paths), stage_param_keys(stage), stage)
+def load_stage_params(paths: Sequence[str | os.PathLike], stage: str, **bindings: str) -> StageParams:
+    """:func:`load_params`, restricted to the keys dvc.yaml lists for ``stage``; ``bindings``
+    name the foreach element of a job (``key="minilm"`` for ``models.${key}``)."""
+    params = load_params(paths)
+    return restrict_params(params, bind_param_keys(stage_param_keys(stage), params, stage, **bindings), stage)
 
 
 def model_names(params: Mapping[str, Any]) -> list[str]:
-    return [m["name"] for m in params["models"]]
+    """The models in config order (the column order of the joint LMD moments)."""
+    return list(params["models"])
 
 
 def model_spec(params: Mapping[str, Any], name: str) -> dict[str, Any]:
-    for spec in params["models"]:
-        if spec["name"] == name:
-            return dict(spec)
-    raise ParamsError(f"model {name!r} is not listed under models: in the config; known: {model_names(params)}")
+    """One model's source spec, with its ``name``."""
+    if name not in params["models"]:
+        raise ParamsError(f"model {name!r} is not listed under models: in the config; known: {model_names(params)}")
+    return {"name": name, **params["models"][name]}

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import yaml
 
-from lmdecomp.params import load_params, model_spec, restrict_params, stage_param_keys
+from lmdecomp.params import bind_param_keys, load_params, restrict_params, stage_param_keys
 
 
 def config_files():
@@ -20,16 +20,21 @@ def config_files():
 
 
 # The scripts re-read the config files themselves (as they do under DVC), so values
-# given with --config on the command line would not reach them: refuse those. load_params
-# also validates the files against the schema and the cross-key rules (lmdecomp.params).
-if load_params(config_files()) != config:
+# given with --config on the command line would not reach them: refuse those.
+if workflow.config_settings.config:
     raise WorkflowError(
         "--config overrides are not passed to the job scripts; put the values in a YAML file "
         "and give it with --configfile (it is merged on top of params.yaml)"
     )
+# The config the scripts see: load_params validates the files against the schema and the
+# cross-key rules (lmdecomp.params), and merges them as Snakemake does except that an
+# overlay's models: replaces the earlier ones instead of adding to them.
+_params = load_params(config_files())
+config.clear()
+config.update(_params)
 
 PARAMS = " ".join(config_files())
-MODELS = [m["name"] for m in config["models"]]
+MODELS = list(config["models"])
 TASK_SPECS = {t["name"]: t for t in config["finetune"]["tasks"]}
 TASKS = list(TASK_SPECS)
 FINETUNE = {v["name"]: v for v in config["finetune"]["variants"]}
@@ -54,21 +59,24 @@ def code_deps(stage):
     return [d for d in spec.get("do", spec)["deps"] if not d.startswith("results/")]
 
 
-def stage_params(stage, narrowed=None):
+def stage_params(stage, narrowed=None, bind=None):
     """A rule's params: the params.yaml values dvc.yaml lists for ``stage``, so Snakemake reruns a
     job when one changes, as DVC does. They are the only values the stage's script can read
     (lmdecomp.params.load_stage_params), so a job cannot go stale on an unlisted key.
 
-    ``narrowed`` maps a listed (dotted) key to a function of the wildcards giving the part of it
-    one job reads (one model's spec, one task), so editing one model reruns only its own jobs."""
+    ``bind`` gives, as functions of the wildcards, the foreach element of a job for keys that
+    dvc.yaml writes with it (``models.${key}``: {"key": lambda wc: wc.model}), so editing one
+    model reruns only its own jobs. ``narrowed`` maps a listed (dotted) key to a function of the
+    wildcards giving the part of it one job reads (one task; the model names only)."""
     keys = stage_param_keys(stage, Path(workflow.basedir) / "dvc.yaml")
-    narrowed = narrowed or {}
+    narrowed, bind = narrowed or {}, bind or {}
     unknown = set(narrowed) - set(keys)
     if unknown:
         raise WorkflowError(f"stage_params({stage!r}) narrows {sorted(unknown)}, which dvc.yaml does not list")
 
     def values(wildcards):
-        listed = json.loads(json.dumps(restrict_params(config, keys, stage)))  # plain dicts
+        bound = bind_param_keys(keys, config, stage, **{name: f(wildcards) for name, f in bind.items()})
+        listed = json.loads(json.dumps(restrict_params(config, bound, stage)))  # plain dicts
         for key, part in narrowed.items():
             *parents, leaf = key.split(".")
             target = listed

@@ -6,7 +6,7 @@ rule embed:
     output:
         directory("results/embeddings/{model}"),
     params:
-        values=stage_params("embed", {"models": lambda wc: model_spec(config, wc.model)}),
+        values=stage_params("embed", bind={"key": lambda wc: wc.model}),
     wildcard_constraints:
         model="|".join(MODELS),
     threads: max(1, config["embed"].get("threads", 1))

@@ -6,10 +6,10 @@ rule model:
         model=directory("results/models/{model}"),
         metrics="results/metrics/models/{model}.json",
     params:
-        values=stage_params("model", {"models": lambda wc: model_spec(config, wc.model)}),
+        values=stage_params("model", bind={"key": lambda wc: wc.model}),
     wildcard_constraints:
         model="|".join(MODELS),
-    threads: lambda wc: config["zoo"]["threads"] if "pretrain" in model_spec(config, wc.model) else 1
+    threads: lambda wc: config["zoo"]["threads"] if "pretrain" in config["models"][wc.model] else 1
     log:
         "results/logs/model/{model}.log",
     shell:

@@ -6,7 +6,7 @@ rule mpo:
     output:
         directory("results/mpo/{model}"),
     params:
-        values=stage_params("mpo", {"models": lambda wc: model_spec(config, wc.model)}),
+        values=stage_params("mpo", bind={"item": lambda wc: wc.model}),
     wildcard_constraints:
         model="|".join(MODELS),
     threads: max(1, config["embed"].get("threads", 1))

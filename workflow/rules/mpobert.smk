@@ -9,7 +9,7 @@ rule variant:
     output:
         directory("results/variants/{variant}"),
     params:
-        values=stage_params("variant", {"models": lambda wc: model_spec(config, config["mpobert"]["base"])}),
+        values=stage_params("variant"),
     wildcard_constraints:
         variant="|".join(config["mpobert"]["variants"]),
     threads: config["mpobert"]["threads"]

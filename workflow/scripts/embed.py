@@ -15,7 +15,7 @@ parser.add_argument("--record", help="model.json of the model stage: its weights
 parser.add_argument("--out", required=True, help="output folder for shards and manifest.json")
 args = parser.parse_args()
 
-params = load_stage_params(args.params, "embed")
+params = load_stage_params(args.params, "embed", key=args.model)
 ref = models.resolve(model_spec(params, args.model))
 # Shards are written to a sibling work folder and the finished folder renamed to --out: the
 # engines delete --out before a job runs, so only there do a killed job's shards survive.

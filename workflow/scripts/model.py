@@ -17,7 +17,7 @@ parser.add_argument("--out", required=True, help="output folder results/models/{
 parser.add_argument("--metrics", required=True, help="output JSON results/metrics/models/{model}.json (a DVC metric)")
 args = parser.parse_args()
 
-params = load_stage_params(args.params, "model")
+params = load_stage_params(args.params, "model", key=args.model)
 spec = model_spec(params, args.model)
 train_texts = val_texts = None
 if "pretrain" in spec:

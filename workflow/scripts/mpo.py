@@ -19,7 +19,7 @@ parser.add_argument("--sequences", required=True, help="sequences.parquet (val t
 parser.add_argument("--out", required=True, help="output folder results/mpo/{model}")
 args = parser.parse_args()
 
-params = load_stage_params(args.params, "mpo")
+params = load_stage_params(args.params, "mpo", item=args.model)
 cfg = params["mpo"]
 torch.set_num_threads(params["embed"]["threads"])
 ref = models.resolve(model_spec(params, args.model))
