@@ -208,18 +208,24 @@ def test_symmetrise_from_lower_across_row_bands(width, block):
     np.testing.assert_array_equal(a, expected)
 
 
-@pytest.mark.parametrize("per_job", [1, 2, 3])
-def test_moments_computed_in_parts_reduce_to_the_one_pass_bits(tmp_path, per_job):
-    """The scale-out (lmd.shards_per_job): partial block moments over groups of shards, reduced,
-    equal one pass bit for bit — with blocks of 37 sequences that straddle shards of 64."""
-    rng = np.random.default_rng(4)
+def four_shards_of_three_models(tmp_path, seed):
+    """Float32 embeddings of models m0, m1, m2 (widths 4, 6, 3) for 250 sequences in 4 shards
+    of 64, random splits: (blocks, split, folders)."""
+    rng = np.random.default_rng(seed)
     n = 250
     blocks = [b.astype(np.float32) for b in planted(rng, n, [4, 6, 3])]
     split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n)
     names = ["m0", "m1", "m2"]
     for name, block in zip(names, blocks):
         write_embeddings(tmp_path / name, name, np.arange(n, dtype=np.int64), split, block, rows_per_shard=64)
-    folders = {name: tmp_path / name for name in names}
+    return blocks, split, {name: tmp_path / name for name in names}
+
+
+@pytest.mark.parametrize("per_job", [1, 2, 3])
+def test_moments_computed_in_parts_reduce_to_the_one_pass_bits(tmp_path, per_job):
+    """The scale-out (lmd.shards_per_job): partial block moments over groups of shards, reduced,
+    equal one pass bit for bit — with blocks of 37 sequences that straddle shards of 64."""
+    blocks, split, folders = four_shards_of_three_models(tmp_path, seed=4)
     one_pass = lmd.accumulate_block_moments(folders, rows_per_block=37)
     parts = [lmd.accumulate_block_moments(folders, rows_per_block=37, shard_range=(lo, min(lo + per_job, 4)))
              for lo in range(0, 4, per_job)]
@@ -244,18 +250,12 @@ def test_moments_without_blocks_computed_in_parts_reduce_to_one_pass(tmp_path, p
     """lmd.bootstrap: 0 with lmd.shards_per_job: streaming moments of groups of shards, reduced,
     equal one pass to rounding and an explicit float64 computation; the reduce checks that the
     parts tile the shards, as the block reduce does."""
-    rng = np.random.default_rng(8)
-    n = 250
-    blocks = [b.astype(np.float32) for b in planted(rng, n, [4, 6, 3])]
-    split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n)
-    names = ["m0", "m1", "m2"]
-    for name, block in zip(names, blocks):
-        write_embeddings(tmp_path / name, name, np.arange(n, dtype=np.int64), split, block, rows_per_shard=64)
-    folders = {name: tmp_path / name for name in names}
+    blocks, split, folders = four_shards_of_three_models(tmp_path, seed=8)
     one_pass = lmd.accumulate_moments(folders, flush_rows=16)
     parts = [lmd.accumulate_moments(folders, flush_rows=16, shard_range=(lo, min(lo + per_job, 4)))
              for lo in range(0, 4, per_job)]
-    assert parts[-1].info["shard_range"] == [parts[-1].info["shard_range"][0], 4] and parts[0].info["n_shards"] == 4
+    assert [p.info["shard_range"] for p in parts] == [[lo, min(lo + per_job, 4)] for lo in range(0, 4, per_job)]
+    assert {p.info["n_shards"] for p in parts} == {4}
     reduced = lmd.reduce_moments(parts)
     assert "shard_range" not in reduced.info and reduced.info == one_pass.info
     x = np.concatenate(blocks, axis=1).astype(np.float64)

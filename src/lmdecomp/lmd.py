@@ -553,7 +553,8 @@ def _sub(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """matrix[rows][:, cols]: a view when both are one contiguous run (a single model's block),
     else a gather — np.ix_ on a width² matrix is a slow random-access copy."""
     def run(idx):
-        return slice(idx[0], idx[-1] + 1) if len(idx) and np.all(np.diff(idx) == 1) else idx
+        runs = _runs(idx) if len(idx) else []
+        return runs[0][1] if len(runs) == 1 else idx
 
     r, c = run(rows), run(cols)
     if isinstance(r, slice):
@@ -950,7 +951,7 @@ def available_memory_bytes() -> int | None:
 def check_block_memory(n_blocks: int, width: int, available: int | None = None) -> None:
     """Refuse block moments that cannot fit in memory, before allocating them: they take
     8 · B · 3 · width² bytes (B blocks, three splits, one float64 width² cross-product each),
-    which for wide models dwarfs everything else (12 models of 768: 81 GB at B = 40).
+    which for wide models dwarfs everything else (12 models of 768: 76 GiB at B = 40).
     ``available`` defaults to the machine's MemAvailable."""
     needed = 8 * n_blocks * len(SPLITS) * width * width
     available = available_memory_bytes() if available is None else available
