@@ -182,14 +182,14 @@ def test_streaming_moments_over_shards_equal_one_in_memory_pass(tmp_path):
 
 @pytest.mark.parametrize("flush_rows", [1, 5, 50, 2048])
 def test_streaming_moments_for_every_flush_size(tmp_path, flush_rows):
-    """Rows are buffered per split up to ``flush_rows``; a shard holding that many rows of a split
-    is added directly (all of the shard when it is all one split). Small sizes take the direct
-    path for most shards; the result must equal float64 numpy for every size."""
+    """Rows are gathered per split into a buffer of ``flush_rows`` and added when it is full; a
+    shard holding more rows of a split than that is added in chunks of ``flush_rows``. Small sizes
+    chunk most shards; the result must equal float64 numpy for every size."""
     rng = np.random.default_rng(8)
     n = 230
     blocks = [b.astype(np.float32) for b in planted(rng, n, [5, 3])]
     split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n, p=[0.5, 0.25, 0.25])
-    split[64:128] = "train"  # shard 1 is all train: x is added without gathering its rows
+    split[64:128] = "train"  # shard 1 is all train: 64 rows of one split, several chunks of the smaller sizes
     for name, block in zip(["a", "b"], blocks):
         write_embeddings(tmp_path / name, name, np.arange(n), split, block, rows_per_shard=64)
     streamed = lmd.accumulate_moments({name: tmp_path / name for name in ["a", "b"]}, flush_rows=flush_rows)
@@ -206,6 +206,20 @@ def test_symmetrise_from_lower_across_row_bands(width, block):
     expected = np.tril(a) + np.tril(a, -1).T
     lmd._symmetrise_from_lower(a, block=block)
     np.testing.assert_array_equal(a, expected)
+
+
+@pytest.mark.parametrize("rows,width", [(5, 40), (1, 1), (3, 7)])
+def test_quadratic_forms_from_one_triangle_equal_the_full_products(rows, width):
+    """r S rᵀ per row from S's lower triangle (dtrmm) against an explicit float64 loop over
+    i, j — on a contiguous S and on a block view of a larger scatter, as the pairwise fits
+    pass it."""
+    rng = np.random.default_rng(width)
+    big = rng.normal(size=(width + 9, width + 9))
+    big = big + big.T
+    r = rng.normal(size=(rows, width))
+    for scatter in (np.ascontiguousarray(big[3:3 + width, 3:3 + width]), big[3:3 + width, 3:3 + width]):
+        expected = [sum(row[i] * scatter[i, j] * row[j] for i in range(width) for j in range(width)) for row in r]
+        np.testing.assert_allclose(lmd._quadratic_forms(scatter, r), expected, rtol=1e-12, atol=1e-12)
 
 
 def four_shards_of_three_models(tmp_path, seed):

@@ -47,7 +47,7 @@ import numpy as np
 # Imported at load time, not lazily: threadpoolctl (blas_threads) pins only the BLAS
 # libraries already loaded, and scipy brings its own OpenBLAS.
 from scipy.linalg import cho_factor, cho_solve
-from scipy.linalg.blas import dsyrk
+from scipy.linalg.blas import dsyrk, dtrmm, dtrsm
 from scipy.linalg.lapack import dpotrf, dpotri
 
 from . import shards
@@ -143,6 +143,19 @@ def _syrk_lower(cross: np.ndarray, rows: np.ndarray) -> None:
     out = dsyrk(1.0, rows.T, beta=1.0, c=cross.T, trans=0, lower=0, overwrite_c=1)
     if not np.shares_memory(out, cross):
         raise LMDError("internal: dsyrk did not update the cross-product in place")
+
+
+def _quadratic_forms(scatter: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """r S rᵀ for every row r of ``rows`` (k × w, C order), S = ``scatter`` symmetric (w × w).
+
+    With S = T + Tᵀ − D (T its lower triangle with the diagonal, D the diagonal),
+    r S rᵀ = 2 r T rᵀ − Σ_j S_jj r_j²: one triangular product (dtrmm), half the arithmetic of
+    ``rows @ S``. This is the held-out scoring of every fit, the largest cost after the moments."""
+    # rows.T is rows' own memory in Fortran order (w × k), and scatter.T is S itself (symmetric)
+    # in Fortran order, so BLAS reads both without a transposing copy.
+    lower_times_rows = dtrmm(1.0, scatter.T, np.ascontiguousarray(rows).T, side=0, lower=1)  # T rᵀ, w × k
+    return (2.0 * np.einsum("ij,ij->i", lower_times_rows.T, rows)
+            - np.einsum("ij,ij,j->i", rows, rows, np.diagonal(scatter)))
 
 
 def _symmetrise_from_lower(a: np.ndarray, block: int = 512) -> None:
@@ -254,21 +267,55 @@ class Moments:
 
 
 @dataclass
+class ShardGroup:
+    """The same shard of every source, aligned: per row its split and seq_id, and per source its
+    float32 block of the row's vectors (rows × dim_m), in the sources' order."""
+
+    split: np.ndarray
+    seq_id: np.ndarray
+    blocks: list[np.ndarray]
+
+    @property
+    def width(self) -> int:
+        return sum(b.shape[1] for b in self.blocks)
+
+    def gather(self, index: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Rows ``index`` of the float64 concatenation [x_1 | … | x_M] written into ``out``
+        (len(index) × width), block by block: one gather-and-convert pass per block, with no
+        joint temporary (allocating and then gathering from one cost more than the copy)."""
+        start = 0
+        for block in self.blocks:
+            stop = start + block.shape[1]
+            out[:, start:stop] = block[index]
+            start = stop
+        return out
+
+    def joint(self) -> np.ndarray:
+        """The float64 concatenation [x_1 | … | x_M] of all rows."""
+        return self.gather(slice(None), np.empty((len(self.split), self.width)))
+
+
+@dataclass
 class AlignedShards:
     """Rows of several embedding columns read shard by shard and aligned on their row key.
 
-    ``rows`` yields (split, x, seq_id) per shard group, x the float64 concatenation
-    [x_1 | … | x_M] of the named columns. Sequence rows must match exactly; word rows
-    (seq_id, word_idx) are intersected, so a word some model truncated away is dropped for all.
-    ``info`` (granularity, and for words: words, words_kept, words_dropped) is complete once
-    ``rows`` is exhausted."""
+    ``groups`` yields one :class:`ShardGroup` per shard; ``rows`` yields the same as
+    (split, x, seq_id), x the float64 concatenation [x_1 | … | x_M] of the named columns (only
+    one of the two can be consumed: they read the same files). Sequence rows must match
+    exactly; word rows (seq_id, word_idx) are intersected, so a word some model truncated away
+    is dropped for all. ``info`` (granularity, and for words: words, words_kept,
+    words_dropped) is complete once the shards are exhausted."""
 
     names: list[str]
     dims: list[int]
     n_shards: int
-    rows: Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    groups: Iterator[ShardGroup]
     info: dict
     sequence_starts: list[int]  # sequences before each shard (n_shards + 1 entries)
+
+    @property
+    def rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        return ((g.split, g.joint(), g.seq_id) for g in self.groups)
 
 
 def aligned_shards(
@@ -306,7 +353,6 @@ def aligned_shards(
                 "from the same sequences.parquet with the same embed.shard_rows"
             )
     dims = [int(manifests[folder]["dim"]) for folder, _ in parsed.values()]
-    bounds, width = np.cumsum([0, *dims]), sum(dims)
     n_shards = len(layout[first])
     lo, hi = shard_range or (0, n_shards)
     if not 0 <= lo < hi <= n_shards:
@@ -316,7 +362,7 @@ def aligned_shards(
     if words:
         info.update(words=int(manifests[first].get("words", 0)), words_kept=0)
 
-    def rows():
+    def groups():
         readers = [shards.iter_shards(f, columns=columns[f], indices=range(lo, hi)) for f in folders]
         for group in zip(*readers):
             parts = dict(zip(folders, group))
@@ -340,13 +386,10 @@ def aligned_shards(
                             "different seq_id sets in the same shard; re-embed both from the same sequences.parquet"
                         )
                 select = {f: slice(None) for f in folders}
-            split = base.split[select[first]]
-            x = np.empty((len(split), width))  # filled block by block: one float32 → float64 copy
-            for (f, c), start, stop in zip(parsed.values(), bounds[:-1], bounds[1:]):
-                x[:, start:stop] = parts[f].columns[c][select[f]]
-            yield split, x, base.seq_id[select[first]]
+            yield ShardGroup(base.split[select[first]], base.seq_id[select[first]],
+                             [parts[f].columns[c][select[f]] for f, c in parsed.values()])
 
-    return AlignedShards(names, dims, n_shards, rows(), info, [0, *np.cumsum(sequences).tolist()])
+    return AlignedShards(names, dims, n_shards, groups(), info, [0, *np.cumsum(sequences).tolist()])
 
 
 def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False, flush_rows: int = 2048,
@@ -364,7 +407,8 @@ def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False
     moments = Moments(aligned.names, aligned.dims)
     # Rows are gathered per split until there are ``flush_rows`` of them: a rank-k update reads
     # and writes the whole width² triangle, so a few hundred rows per update would cost as
-    # much in memory traffic as in arithmetic.
+    # much in memory traffic as in arithmetic. The buffers live for the whole pass: a fresh
+    # width-wide array per shard costs its page faults again every time.
     buffers = {s: np.empty((flush_rows, moments.width)) for s in SPLITS}
     filled = dict.fromkeys(SPLITS, 0)
 
@@ -373,16 +417,15 @@ def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False
             moments._add(s, buffers[s][:filled[s]])
             filled[s] = 0
 
-    for split, x, _ in tqdm(aligned.rows, total=aligned.n_shards, desc="moments", unit="shard", disable=not progress):
+    for group in tqdm(aligned.groups, total=aligned.n_shards, desc="moments", unit="shard", disable=not progress):
         for s in SPLITS:
-            index = np.flatnonzero(split == s)
-            if filled[s] + len(index) > flush_rows:
-                flush(s)
-            if len(index) >= flush_rows:
-                moments._add(s, x if len(index) == len(x) else x[index])
-            elif len(index):
-                np.take(x, index, axis=0, out=buffers[s][filled[s]:filled[s] + len(index)])
-                filled[s] += len(index)
+            index = np.flatnonzero(group.split == s)
+            for lo in range(0, len(index), flush_rows):
+                part = index[lo:lo + flush_rows]
+                if filled[s] + len(part) > flush_rows:
+                    flush(s)
+                group.gather(part, buffers[s][filled[s]:filled[s] + len(part)])
+                filled[s] += len(part)
     for s in SPLITS:
         flush(s)
         _symmetrise_from_lower(moments.cross[s])
@@ -599,7 +642,7 @@ def _targets_r2(moments: Moments, split: str, basis_cols: np.ndarray, targets: S
         s_zz = _sub(scatter, basis_cols, basis_cols)
         offset = mean[cols] - weight @ mean[basis_cols] - bias
         per_column = (np.diagonal(scatter)[cols] - 2.0 * fitted
-                      + np.einsum("ij,ij->i", weight @ s_zz, weight) + n * offset**2)
+                      + _quadratic_forms(s_zz, weight) + n * offset**2)
     return 1.0 - np.add.reduceat(per_column, starts) / sst
 
 
@@ -725,6 +768,24 @@ def _ridge_inverse(scatter: np.ndarray, penalty: np.ndarray) -> np.ndarray:
     return out
 
 
+def _loo_residual_map(inverse: np.ndarray, block: slice) -> np.ndarray:
+    """Rᵀ = P_mm⁻¹ P_m· (q × width, C order) of :func:`fit_leave_one_out` for target block m of
+    the symmetric P = ``inverse``.
+
+    Solved as its transpose R = P_·m L⁻ᵀ L⁻¹ (P_mm = L Lᵀ, two triangular solves from the right):
+    C-ordered Rᵀ is Fortran-ordered R, so the result needs no transposing copy, and the scores'
+    products read it in the order they want."""
+    factor, info = dpotrf(inverse[block, block], lower=1, clean=1)
+    if info != 0:
+        raise LMDError("internal: a diagonal block of the joint inverse is not positive definite")
+    residual_t = inverse[block].copy()  # C-ordered P_m·; its transpose is P_·m in Fortran order
+    for transposed in (1, 0):  # · L⁻ᵀ, then · L⁻¹
+        out = dtrsm(1.0, factor, residual_t.T, side=1, lower=1, trans_a=transposed, overwrite_b=1)
+        if not np.shares_memory(out, residual_t):
+            raise LMDError("internal: dtrsm did not solve in place")
+    return residual_t
+
+
 def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> list[dict]:
     """Each target on all other models concatenated, fitted on train, scored on every split.
 
@@ -740,8 +801,9 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
     basis columns and I on the target's, so e = Rᵀ(x − μ_train), and per split
     SSE = Σ (Rᵀ S)∘Rᵀ + n ‖Rᵀ(μ − μ_train)‖²; on train, where W(S_rr + diag λ_r) = S_mr,
     SSE = Σ Rᵀ∘S_m· − Σ_i λ_i ‖W_·i‖² needs no product with S. Cost per α: one Cholesky
-    inverse of the joint width plus one width² × q product per target and held-out split,
-    instead of a fresh Cholesky of the basis width per target."""
+    inverse of the joint width plus, per target and held-out split, one triangular
+    width² × q product (:func:`_quadratic_forms`), instead of a fresh Cholesky of the basis
+    width per target."""
     grid = _alpha_grid(alpha)
     strict = grid is None
     grid = grid or (float(alpha),)
@@ -769,10 +831,7 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
             elif alpha_a == 0 and n <= width - (block.stop - block.start):
                 continue
             if inverse is not None:
-                # C order: LAPACK returns Fortran order, and the elementwise (Rᵀ S)∘Rᵀ of the scores
-                # runs several times slower across mismatched layouts
-                residual_t = np.ascontiguousarray(cho_solve(cho_factor(inverse[block, block], check_finite=False),
-                                                            inverse[block], check_finite=False))
+                residual_t = _loo_residual_map(inverse, block)
             else:
                 try:
                     fit = fit_ridge(moments, basis, target, alpha_a)
@@ -817,7 +876,7 @@ def _residual_r2(moments: Moments, split: str, target: str, block: slice, residu
         sse = np.sum(residual_t * scatter[block]) - np.sum(train_penalty * residual_t**2)
     else:
         offset = residual_t @ (mean - moments.centred("train")[1])
-        sse = np.sum((residual_t @ scatter) * residual_t) + n * offset @ offset
+        sse = np.sum(_quadratic_forms(scatter, residual_t)) + n * offset @ offset
     return float(1.0 - sse / sst)
 
 
@@ -998,17 +1057,22 @@ def accumulate_block_moments(
         blocks_total = -(-starts[-1] // rows_per_block)
     check_block_memory(last - first + 1, sum(aligned.dims))
     out = BlockMoments.zeros(aligned.names, aligned.dims, last - first + 1)
-    for index, (split, x, seq_id) in enumerate(
-        tqdm(aligned.rows, total=hi - lo, desc="block moments", unit="shard", disable=not progress), start=lo
+    buffer = np.empty((0, out.width))  # reused across shards (see accumulate_moments)
+    for index, group in enumerate(
+        tqdm(aligned.groups, total=hi - lo, desc="block moments", unit="shard", disable=not progress), start=lo
     ):
         # blocks are runs of sequences (a word row goes with its sequence): the row's sequence
         # ordinal = sequences in earlier shards + its sequence's rank in this shard
-        rank = np.unique(seq_id, return_inverse=True)[1].reshape(-1)
-        block_of_row = np.full(len(x), index) if rows_per_block is None else (starts[index] + rank) // rows_per_block
+        rank = np.unique(group.seq_id, return_inverse=True)[1].reshape(-1)
+        block_of_row = (np.full(len(rank), index) if rows_per_block is None
+                        else (starts[index] + rank) // rows_per_block)
+        if len(buffer) < len(rank):
+            buffer = np.empty((len(rank), out.width))
         for b in np.unique(block_of_row):
             in_block = block_of_row == b
             for k, s in enumerate(SPLITS):
-                rows_bs = x[in_block & (split == s)]
+                chosen = np.flatnonzero(in_block & (group.split == s))
+                rows_bs = group.gather(chosen, buffer[:len(chosen)])
                 if len(rows_bs):
                     out.n[b - first, k] += len(rows_bs)
                     out.sums[b - first, k] += rows_bs.sum(axis=0)

@@ -18,6 +18,7 @@ Readers verify every shard against the manifest's checksum before using it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,14 +117,18 @@ def _read_vectors(table: pa.Table, name: str) -> np.ndarray:
     return values.reshape(-1, column.type.list_size)
 
 
-def read_shard(path: Path, columns: Sequence[str] = ("embedding",)) -> Shard:
-    """Read a shard's keys and the named vector columns (``embedding`` and/or ``hidden_K``)."""
-    names = pq.read_schema(path).names
+def read_shard(path: Path, columns: Sequence[str] = ("embedding",), data: bytes | None = None) -> Shard:
+    """Read a shard's keys and the named vector columns (``embedding`` and/or ``hidden_K``);
+    from ``data``, the file's bytes already in memory, when given (``path`` then only names it)."""
+    def source():
+        return path if data is None else pa.BufferReader(data)
+
+    names = pq.read_schema(source()).names
     missing = [c for c in columns if c not in names]
     if missing:
         raise ShardError(f"{path} has no column {missing}; it holds {names}")
     keys = ["seq_id", "split"] + (["word_idx"] if "word_idx" in names else [])
-    table = pq.read_table(path, columns=list(dict.fromkeys([*keys, *columns])))
+    table = pq.read_table(source(), columns=list(dict.fromkeys([*keys, *columns])))
     vectors = {c: _read_vectors(table, c) for c in columns}
     return Shard(
         seq_id=table.column("seq_id").to_numpy(),
@@ -173,12 +178,15 @@ def iter_shards(
         path = folder / entry["file"]
         if not path.is_file():
             raise ShardError(f"{path} is listed in the manifest but missing; rerun the embed step")
-        if verify and sha256_file(path) != entry["sha256"]:
+        # One read: the bytes that are hashed are the bytes that are parsed (reading the file
+        # again for Parquet cost as much as the check itself).
+        data = path.read_bytes()
+        if verify and hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ShardError(
                 f"{path} is corrupt or truncated (sha256 differs from {MANIFEST}); "
                 f"delete {folder} and rerun the embed step"
             )
-        shard = read_shard(path, columns)
+        shard = read_shard(path, columns, data)
         for name, x in shard.columns.items():
             if x.shape != (entry["rows"], manifest["dim"]):
                 raise ShardError(f"{path}: column {name} is {x.shape[0]} × {x.shape[1]}, "
