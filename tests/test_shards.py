@@ -43,6 +43,19 @@ def test_round_trip(tmp_path):
     assert pq.ParquetFile(tmp_path / "part-00000.parquet").metadata.num_row_groups == 3
 
 
+def test_vectors_are_stored_without_a_dictionary_and_splits_with_one(tmp_path):
+    """Float vectors never repeat, so a dictionary page is pure overhead (pyarrow writes one per
+    row group before falling back to plain); the three split labels do repeat."""
+    make_folder(tmp_path)
+    metadata = pq.ParquetFile(tmp_path / "part-00000.parquet").metadata
+    for g in range(metadata.num_row_groups):
+        chunks = {metadata.row_group(g).column(c).path_in_schema: metadata.row_group(g).column(c)
+                  for c in range(metadata.num_columns)}
+        assert not chunks["embedding.list.element"].has_dictionary_page
+        assert "RLE_DICTIONARY" not in chunks["embedding.list.element"].encodings
+        assert chunks["split"].has_dictionary_page
+
+
 def test_truncated_shard_is_caught_by_checksum(tmp_path):
     make_folder(tmp_path)
     path = tmp_path / "part-00001.parquet"
