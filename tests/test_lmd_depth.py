@@ -304,6 +304,44 @@ def test_selection_intervals_are_the_bootstrap_of_each_steps_basis():
     assert [r["k"] for r in got] == [1, 2, 3]
 
 
+def test_one_bootstrap_cache_shares_the_fits_that_the_tables_have_in_common():
+    """lmd_fit's three tables through one cache: a selection step whose basis (as a set), target
+    and α equal a pairwise or leave-one-out fit reuses that fit's replicates; every interval
+    equals the one drawn without a cache (to rounding: the basis order differs)."""
+    rng = np.random.default_rng(17)
+    n, names = 900, ["m0", "m1", "m2", "m3"]
+    latent = rng.normal(size=(n, 3))
+    xs = [latent @ rng.normal(size=(3, w)) + rng.normal(size=(n, w)) for w in (4, 3, 5, 2)]
+    split = rng.choice(SPLIT_NAMES, size=n, p=[0.6, 0.2, 0.2])
+    edges = np.linspace(0, n, 16).astype(int)
+    blocks = lmd.BlockMoments.from_moments(
+        [moments_of([x[lo:hi] for x in xs], names, split[lo:hi]) for lo, hi in zip(edges[:-1], edges[1:])])
+    total, grid = blocks.total(), [0.01, 1.0]
+    pairwise, loo = lmd.fit_pairwise(total, grid), lmd.fit_leave_one_out(total, grid)
+    selection = [row for t in names for row in lmd.greedy_selection(total, t, grid)]
+    ci = dict(n_boot=30, level=0.9, seed=5)
+    cache = lmd.BootstrapCache(blocks, 30, 5)
+    shared = [lmd.add_confidence_intervals(pairwise, blocks, **ci, cache=cache),
+              lmd.add_confidence_intervals(loo, blocks, **ci, cache=cache),
+              lmd.add_selection_intervals(selection, blocks, **ci, cache=cache)]
+    alone = [lmd.add_confidence_intervals(pairwise, blocks, **ci), lmd.add_confidence_intervals(loo, blocks, **ci),
+             lmd.add_selection_intervals(selection, blocks, **ci)]
+    for got, expected in zip(shared, alone):
+        for g, e in zip(got, expected):
+            for key in (k for k in e if k.endswith(("_lo", "_hi"))):
+                assert g[key] == pytest.approx(e[key], abs=1e-12)
+    # the fits drawn: every pairwise and leave-one-out fit, plus the selection steps that are neither
+    fits = {(frozenset([r["basis"]]), r["target"], r["alpha"]) for r in pairwise}
+    fits |= {(frozenset(n for n in names if n != r["target"]), r["target"], r["alpha"]) for r in loo}
+    n_table_fits = len(fits)
+    for row in selection:
+        basis = [r["added_model"] for r in selection if r["target"] == row["target"] and r["k"] <= row["k"]]
+        fits.add((frozenset(basis), row["target"], row["alpha"]))
+    assert len(cache) == len(fits) < n_table_fits + len(selection)
+    with pytest.raises(lmd.LMDError, match="one set of block moments, n_boot and seed"):
+        lmd.add_selection_intervals(selection, blocks, n_boot=30, level=0.9, seed=6, cache=cache)
+
+
 # ------------------------------------------------------------------ α at the grid's edge
 
 

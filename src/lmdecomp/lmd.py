@@ -1363,17 +1363,57 @@ def greedy_selection(
     return rows
 
 
+class BootstrapCache:
+    """Bootstrap replicates already drawn, per fit, for one :class:`BlockMoments`, ``n_boot`` and
+    ``seed``: the fit tables of one stage share fits (a greedy selection's first step is a
+    pairwise fit, its last the leave-one-out fit), and a fit's replicates are its largest cost.
+
+    A fit is keyed by its basis as a set (the order of the basis columns does not change the
+    fit; replicates of two orders agree to rounding), its target and its α. Splits missing for
+    a fit already drawn are drawn together, sharing their train refits."""
+
+    def __init__(self, blocks: BlockMoments, n_boot: int, seed: int) -> None:
+        self.blocks, self.n_boot, self.seed = blocks, int(n_boot), int(seed)
+        self._samples: dict[tuple, dict[str, np.ndarray]] = {}
+
+    def samples(self, basis: Sequence[str], target: str, alpha: float, splits: Sequence[str]) -> dict[str, np.ndarray]:
+        """{split: (n_boot,) replicates} of :func:`bootstrap_r2_samples` for the fit."""
+        have = self._samples.setdefault((frozenset(basis), target, float(alpha)), {})
+        missing = [s for s in dict.fromkeys(splits) if s not in have]
+        if missing:
+            have.update(bootstrap_r2_samples(self.blocks, basis, target, alpha, n_boot=self.n_boot, seed=self.seed,
+                                             split=missing))
+        return {s: have[s] for s in splits}
+
+    def __len__(self) -> int:
+        """The number of fits drawn."""
+        return len(self._samples)
+
+    def check(self, blocks: BlockMoments, n_boot: int, seed: int) -> "BootstrapCache":
+        if blocks is not self.blocks or int(n_boot) != self.n_boot or int(seed) != self.seed:
+            raise LMDError("a BootstrapCache serves one set of block moments, n_boot and seed; "
+                           "make one per set")
+        return self
+
+
+def _cache_for(cache: "BootstrapCache | None", blocks: BlockMoments, n_boot: int, seed: int) -> BootstrapCache:
+    return BootstrapCache(blocks, n_boot, seed) if cache is None else cache.check(blocks, n_boot, seed)
+
+
 def add_confidence_intervals(
-    rows: list[dict], blocks: BlockMoments, n_boot: int, level: float, seed: int, basis_of=None
+    rows: list[dict], blocks: BlockMoments, n_boot: int, level: float, seed: int, basis_of=None,
+    cache: BootstrapCache | None = None,
 ) -> list[dict]:
     """Give every fit row ``r2_lo``/``r2_hi``: its block-bootstrap interval at ``level``, re-centred
     on the row's ``r2`` (:func:`centred_interval`).
 
     A row's basis is ``basis_of(row)`` if given, else ``[row["basis"]]``, else (a leave-one-out
     row) every other model. The interval is for the row's own α (chosen on the full data when α
-    came from a grid). Rows of one fit (same basis, target and α) share one bootstrap."""
+    came from a grid). Rows of one fit (same basis, target and α) share one bootstrap, and with
+    a ``cache`` so do the fits of other tables drawn through it."""
     if not 0 < level < 1:
         raise LMDError(f"level must be in (0, 1); got {level}")
+    cache = _cache_for(cache, blocks, n_boot, seed)
 
     def basis_for(row):
         if basis_of is not None:
@@ -1385,7 +1425,7 @@ def add_confidence_intervals(
         fits.setdefault((tuple(basis_for(row)), row["target"], row["alpha"]), []).append(row["split"])
     intervals = {}
     for (basis, target, alpha), splits in fits.items():
-        samples = bootstrap_r2_samples(blocks, basis, target, alpha, n_boot=n_boot, seed=seed, split=splits)
+        samples = cache.samples(basis, target, alpha, splits)
         intervals.update({(basis, target, alpha, s): values for s, values in samples.items()})
     out = []
     for row in rows:
@@ -1396,17 +1436,19 @@ def add_confidence_intervals(
 
 
 def add_selection_intervals(
-    selection: list[dict], blocks: BlockMoments, n_boot: int, level: float, seed: int
+    selection: list[dict], blocks: BlockMoments, n_boot: int, level: float, seed: int,
+    cache: BootstrapCache | None = None,
 ) -> list[dict]:
     """Give every :func:`greedy_selection` row ``val_r2_lo``/``val_r2_hi`` and
     ``test_r2_lo``/``test_r2_hi``: bootstrap intervals of the fit on the models selected up to
-    its step (one bootstrap per row for both splits, centred as :func:`centred_interval`). The
-    path itself is taken as fixed: the intervals do not cover the selection's own variability."""
+    its step (one bootstrap per row for both splits, centred as :func:`centred_interval`; with a
+    ``cache``, shared with the same fit drawn for another table). The path itself is taken as
+    fixed: the intervals do not cover the selection's own variability."""
+    cache = _cache_for(cache, blocks, n_boot, seed)
     out = []
     for row in selection:
         basis = [r["added_model"] for r in selection if r["target"] == row["target"] and r["k"] <= row["k"]]
-        samples = bootstrap_r2_samples(blocks, basis, row["target"], row["alpha"], n_boot=n_boot, seed=seed,
-                                       split=["val", "test"])
+        samples = cache.samples(basis, row["target"], row["alpha"], ["val", "test"])
         extra = {}
         for split in ("val", "test"):
             lo, hi = centred_interval(samples[split], row[f"{split}_r2"], level)

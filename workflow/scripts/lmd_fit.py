@@ -32,7 +32,10 @@ with lmd.blas_threads(cfg["threads"]):
     pairwise = lmd.fit_pairwise(moments, cfg["alpha"])
     loo = lmd.fit_leave_one_out(moments, cfg["alpha"])
     if cfg["bootstrap"] > 0:
-        ci = dict(n_boot=cfg["bootstrap"], level=cfg["ci_level"], seed=cfg["seed"])
+        # one cache for the three tables: a selection's first and last steps are fits drawn
+        # for the pairwise and leave-one-out tables
+        ci = dict(n_boot=cfg["bootstrap"], level=cfg["ci_level"], seed=cfg["seed"],
+                  cache=lmd.BootstrapCache(blocks, cfg["bootstrap"], cfg["seed"]))
         pairwise = lmd.add_confidence_intervals(pairwise, blocks, **ci)
         loo = lmd.add_confidence_intervals(loo, blocks, **ci)
     selection = [row for target in moments.names for row in lmd.greedy_selection(moments, target, cfg["alpha"])]
