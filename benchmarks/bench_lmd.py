@@ -99,11 +99,16 @@ def write_synthetic(root: Path, n_train: int) -> dict[str, Path]:
     return folders
 
 
+def joint_float64(xs: list[np.ndarray]) -> np.ndarray:
+    """One shard's rows of all models side by side, in float64 (the floor's input)."""
+    return np.concatenate([x.astype(np.float64) for x in xs], axis=1)
+
+
 def load_in_memory(n_train: int) -> tuple[np.ndarray, np.ndarray]:
     """The joint float64 matrix (rows × W) and the split labels, regenerated (same seed)."""
     parts, labels = [], []
     for _, splits, xs in iter_synthetic(n_train):
-        parts.append(np.concatenate([x.astype(np.float64) for x in xs], axis=1))
+        parts.append(joint_float64(xs))
         labels.append(splits)
     return np.concatenate(parts), np.concatenate(labels)
 
@@ -205,7 +210,7 @@ def chunked_floor(n_train: int, chunk_rows: int = 16_384) -> float:
         seconds += t
 
     for _, _, xs in iter_synthetic(n_train):
-        pending.append(np.concatenate([x.astype(np.float64) for x in xs], axis=1))
+        pending.append(joint_float64(xs))
         if sum(len(p) for p in pending) >= chunk_rows:
             update(np.concatenate(pending))
             pending = []

@@ -1389,15 +1389,14 @@ class BootstrapCache:
         """The number of fits drawn."""
         return len(self._samples)
 
-    def check(self, blocks: BlockMoments, n_boot: int, seed: int) -> "BootstrapCache":
-        if blocks is not self.blocks or int(n_boot) != self.n_boot or int(seed) != self.seed:
-            raise LMDError("a BootstrapCache serves one set of block moments, n_boot and seed; "
-                           "make one per set")
-        return self
-
 
 def _cache_for(cache: "BootstrapCache | None", blocks: BlockMoments, n_boot: int, seed: int) -> BootstrapCache:
-    return BootstrapCache(blocks, n_boot, seed) if cache is None else cache.check(blocks, n_boot, seed)
+    """``cache``, checked to serve these blocks, n_boot and seed; a fresh one if None."""
+    if cache is None:
+        return BootstrapCache(blocks, n_boot, seed)
+    if blocks is not cache.blocks or int(n_boot) != cache.n_boot or int(seed) != cache.seed:
+        raise LMDError("a BootstrapCache serves one set of block moments, n_boot and seed; make one per set")
+    return cache
 
 
 def add_confidence_intervals(
