@@ -181,10 +181,11 @@ def test_streaming_moments_over_shards_equal_one_in_memory_pass(tmp_path):
 
 
 @pytest.mark.parametrize("flush_rows", [1, 5, 50, 2048])
-def test_streaming_moments_for_every_flush_size(tmp_path, flush_rows):
+def test_streaming_moments_for_every_flush_size(tmp_path, flush_rows, monkeypatch):
     """Rows are gathered per split into a buffer of ``flush_rows`` and added when it is full; a
     shard holding more rows of a split than that is added in chunks of ``flush_rows``. Small sizes
-    chunk most shards; the result must equal float64 numpy for every size."""
+    chunk most shards; the result must equal float64 numpy for every size. Every update but a
+    split's last holds exactly ``flush_rows`` rows (rows carry over from shard to shard)."""
     rng = np.random.default_rng(8)
     n = 230
     blocks = [b.astype(np.float32) for b in planted(rng, n, [5, 3])]
@@ -192,8 +193,19 @@ def test_streaming_moments_for_every_flush_size(tmp_path, flush_rows):
     split[64:128] = "train"  # shard 1 is all train: 64 rows of one split, several chunks of the smaller sizes
     for name, block in zip(["a", "b"], blocks):
         write_embeddings(tmp_path / name, name, np.arange(n), split, block, rows_per_shard=64)
+    updates = {s: [] for s in lmd.SPLITS}
+    add = lmd.Moments._add
+
+    def recording_add(self, s, x):
+        updates[s].append(len(x))
+        add(self, s, x)
+
+    monkeypatch.setattr(lmd.Moments, "_add", recording_add)
     streamed = lmd.accumulate_moments({name: tmp_path / name for name in ["a", "b"]}, flush_rows=flush_rows)
     assert_moments_equal_numpy(streamed, np.concatenate(blocks, axis=1), split)
+    for s in lmd.SPLITS:
+        count = int(np.sum(split == s))
+        assert updates[s] == [flush_rows] * (count // flush_rows) + ([count % flush_rows] if count % flush_rows else [])
     for s in lmd.SPLITS:
         np.testing.assert_array_equal(streamed.cross[s], streamed.cross[s].T)
 
@@ -220,6 +232,39 @@ def test_quadratic_forms_from_one_triangle_equal_the_full_products(rows, width):
     for scatter in (np.ascontiguousarray(big[3:3 + width, 3:3 + width]), big[3:3 + width, 3:3 + width]):
         expected = [sum(row[i] * scatter[i, j] * row[j] for i in range(width) for j in range(width)) for row in r]
         np.testing.assert_allclose(lmd._quadratic_forms(scatter, r), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_scatter_blocks_without_the_centred_scatter():
+    """The fits read S = C − n μμᵀ as blocks and a diagonal, never as a width² matrix: the blocks
+    equal numpy's centred float64 cross-product (and :meth:`Moments.centred`'s entries to the
+    bit), and pairwise and leave-one-out fits leave no centred scatter cached."""
+    rng = np.random.default_rng(5)
+    dims = [2, 3, 4]
+    x = {s: rng.normal(size=(40, sum(dims))) + 3.0 for s in lmd.SPLITS}
+    moments = lmd.Moments(["a", "b", "c"], dims)
+    for s in lmd.SPLITS:
+        moments.update(s, x[s])
+    lmd.fit_pairwise(moments, 0.1)
+    lmd.fit_leave_one_out(moments, [0.1, 1.0])
+    assert not moments._centred
+    centred = x["val"] - x["val"].mean(axis=0)
+    expected = centred.T @ centred
+    for rows, cols in [(["c", "a"], ["b", "c"]), (["b"], ["b"]), (["a", "c"], ["a", "b", "c"])]:
+        r, c = moments.columns(rows), moments.columns(cols)
+        block = moments.scatter_block("val", r, c)
+        np.testing.assert_allclose(block, expected[np.ix_(r, c)], rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(block, moments.centred("val")[2][np.ix_(r, c)])
+    np.testing.assert_allclose(moments.scatter_diagonal("val"), np.diagonal(expected), rtol=1e-12)
+
+
+@pytest.mark.parametrize("rows, cols", [([1, 2, 3], [4, 5]), ([0, 1, 7, 8, 9], [2, 3, 5]),
+                                        (list(range(0, 12, 2)), [0, 1, 2, 9, 10])])
+def test_sub_copies_runs_like_fancy_indexing(rows, cols):
+    """One run each: a view; a few runs: block copies; many runs (above max_runs): np.ix_."""
+    matrix = np.arange(144.0).reshape(12, 12)
+    for max_runs in (64, 2):
+        np.testing.assert_array_equal(lmd._sub(matrix, np.array(rows), np.array(cols), max_runs),
+                                      matrix[np.ix_(rows, cols)])
 
 
 def four_shards_of_three_models(tmp_path, seed):

@@ -121,8 +121,7 @@ def _check_basis_variance(names: Sequence[str], dims: Sequence[int], scatter_dia
 
 
 def _check_moments_basis(moments: "Moments", basis: Sequence[str], cols: np.ndarray) -> None:
-    scatter = moments.centred("train")[2]
-    _check_basis_variance(basis, _dims_of(moments, basis), np.diagonal(scatter)[cols],
+    _check_basis_variance(basis, _dims_of(moments, basis), moments.scatter_diagonal("train")[cols],
                           np.diagonal(moments.cross["train"])[cols])
 
 
@@ -220,14 +219,35 @@ class Moments:
             self.cross[split] += other.cross[split]
         return self
 
-    def centred(self, split: str) -> tuple[int, np.ndarray, np.ndarray]:
-        """(n, mean μ, scatter S = C − n μμᵀ) of one split.
-
-        Cached per split (every fit needs it, and it costs a full width² pass); the cache is
-        keyed on the count so that moments filled in place after a call are recomputed."""
+    def count(self, split: str) -> int:
+        """The split's row count n; an error if the split is empty (nothing to fit or score)."""
         n = self.n[split]
         if n == 0:
             raise LMDError(f"the {split} split is empty: no rows to fit or score")
+        return n
+
+    def mean(self, split: str) -> np.ndarray:
+        return self.sums[split] / self.count(split)
+
+    def scatter_diagonal(self, split: str) -> np.ndarray:
+        """diag S = diag C − n μ², without forming S."""
+        root_n_mean = np.sqrt(self.count(split)) * self.mean(split)
+        return np.diagonal(self.cross[split]) - root_n_mean**2
+
+    def scatter_block(self, split: str, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """S[rows][:, cols] of S = C − n μμᵀ as a new array, without forming the width² S: the
+        block of C plus the block of −n μμᵀ (the same sum, to the bit, as :meth:`centred`'s)."""
+        root_n_mean = np.sqrt(self.count(split)) * self.mean(split)
+        return np.multiply.outer(root_n_mean[rows], -root_n_mean[cols]) + _sub(self.cross[split], rows, cols)
+
+    def centred(self, split: str) -> tuple[int, np.ndarray, np.ndarray]:
+        """(n, mean μ, scatter S = C − n μμᵀ) of one split. The fits use :meth:`scatter_block`,
+        :meth:`scatter_diagonal` and C itself instead: a width² S per split is 0.7 GB at the
+        joint width 9,216, and first touching it costs more than the arithmetic.
+
+        Cached per split (the similarity stage reads it whole, for every pair of models); the
+        cache is keyed on the count so that moments filled in place after a call are recomputed."""
+        n = self.count(split)
         cached = self._centred.get(split)
         if cached is None or cached[0] != n:
             mean = self.sums[split] / n
@@ -420,12 +440,15 @@ def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False
     for group in tqdm(aligned.groups, total=aligned.n_shards, desc="moments", unit="shard", disable=not progress):
         for s in SPLITS:
             index = np.flatnonzero(group.split == s)
-            for lo in range(0, len(index), flush_rows):
-                part = index[lo:lo + flush_rows]
-                if filled[s] + len(part) > flush_rows:
-                    flush(s)
+            # Top the buffer up to exactly flush_rows before each update and carry the rest of
+            # the shard's rows over: flushing a shard's ~0.8 × flush_rows train rows on their own
+            # made a fifth more updates, each reading and writing the whole width² triangle.
+            while len(index):
+                part, index = index[:flush_rows - filled[s]], index[flush_rows - filled[s]:]
                 group.gather(part, buffers[s][filled[s]:filled[s] + len(part)])
                 filled[s] += len(part)
+                if filled[s] == flush_rows:
+                    flush(s)
     for s in SPLITS:
         flush(s)
         _symmetrise_from_lower(moments.cross[s])
@@ -510,12 +533,12 @@ def fit_ridge(moments: Moments, basis: Sequence[str], target: str, alpha: float)
     _check_basis(basis, [target])
     what = f"fit of {target!r} on {list(basis)}"
     zi, ui = moments.columns(basis), moments.columns([target])
-    n, mean, scatter = moments.centred("train")
+    n, mean = moments.count("train"), moments.mean("train")
     _check_moments_basis(moments, basis, zi)
     _check_least_squares(n, len(zi), alpha, what)
-    s_zz = scatter[np.ix_(zi, zi)]
+    s_zz = moments.scatter_block("train", zi, zi)
     penalty = ridge_penalty(np.diagonal(s_zz), _dims_of(moments, basis), alpha)
-    weight = _ridge_solve(s_zz, penalty, scatter[np.ix_(zi, ui)], what).T
+    weight = _ridge_solve(s_zz, penalty, moments.scatter_block("train", zi, ui), what).T
     bias = mean[ui] - weight @ mean[zi]
     return RidgeFit(tuple(basis), target, alpha, weight, bias)
 
@@ -523,10 +546,10 @@ def fit_ridge(moments: Moments, basis: Sequence[str], target: str, alpha: float)
 def r_squared(moments: Moments, fit: RidgeFit, split: str) -> float:
     """Pooled R² of ``fit`` on ``split``, from that split's moments (formula in the module doc)."""
     zi, ui = moments.columns(fit.basis), moments.columns([fit.target])
-    n, mean, scatter = moments.centred(split)
-    s_uu = scatter[np.ix_(ui, ui)]
-    s_zu = scatter[np.ix_(zi, ui)]
-    s_zz = scatter[np.ix_(zi, zi)]
+    n, mean = moments.count(split), moments.mean(split)
+    s_uu = moments.scatter_block(split, ui, ui)
+    s_zu = moments.scatter_block(split, zi, ui)
+    s_zz = moments.scatter_block(split, zi, zi)
     w = fit.weight
     offset = mean[ui] - w @ mean[zi] - fit.bias
     sse = np.trace(s_uu) - 2.0 * np.sum(w * s_zu.T) + np.sum((w @ s_zz) * w) + n * offset @ offset
@@ -592,23 +615,26 @@ def _runs(idx: np.ndarray) -> list[tuple[slice, slice]]:
     return [(slice(a, b), slice(int(idx[a]), int(idx[a]) + b - a)) for a, b in zip(starts, stops)]
 
 
-def _sub(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+def _sub(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray, max_runs: int = 64) -> np.ndarray:
     """matrix[rows][:, cols]: a view when both are one contiguous run (a single model's block),
-    else a gather — np.ix_ on a width² matrix is a slow random-access copy."""
-    def run(idx):
-        runs = _runs(idx) if len(idx) else []
-        return runs[0][1] if len(runs) == 1 else idx
+    else a copy made run by run when they are a few runs (model blocks): np.take or np.ix_ on a
+    width² matrix is a random-access gather, ~20× slower than copying the same blocks."""
+    row_runs = _runs(rows) if len(rows) else []
+    col_runs = _runs(cols) if len(cols) else []
+    if len(row_runs) == 1 and len(col_runs) == 1:
+        return matrix[row_runs[0][1], col_runs[0][1]]
+    if len(row_runs) * len(col_runs) > max_runs:
+        return matrix[np.ix_(rows, cols)]
+    out = np.empty((len(rows), len(cols)), dtype=matrix.dtype)
+    for at_rows, src_rows in row_runs:
+        for at_cols, src_cols in col_runs:
+            out[at_rows, at_cols] = matrix[src_rows, src_cols]
+    return out
 
-    r, c = run(rows), run(cols)
-    if isinstance(r, slice):
-        return matrix[r, c] if isinstance(c, slice) else np.take(matrix[r], c, axis=1)
-    if isinstance(c, slice):
-        return np.take(matrix[:, c], r, axis=0)
-    return matrix[np.ix_(rows, cols)]
 
-
-def _sst(scatter: np.ndarray, targets: Sequence[str], cols: np.ndarray, starts: np.ndarray, split: str) -> np.ndarray:
-    sst = np.add.reduceat(np.diagonal(scatter)[cols], starts)
+def _sst(diagonal: np.ndarray, targets: Sequence[str], cols: np.ndarray, starts: np.ndarray, split: str) -> np.ndarray:
+    """Per target, tr S_uu from the scatter's ``diagonal``; an error for a constant target."""
+    sst = np.add.reduceat(diagonal[cols], starts)
     for name, value in zip(targets, sst):
         if value <= 0:
             raise LMDError(f"target {name!r} has zero variance on the {split} split")
@@ -616,33 +642,38 @@ def _sst(scatter: np.ndarray, targets: Sequence[str], cols: np.ndarray, starts: 
 
 
 def _targets_r2(moments: Moments, split: str, basis_cols: np.ndarray, targets: Sequence[str],
-                weight_t: np.ndarray, bias: np.ndarray, train_penalty: np.ndarray | None = None) -> np.ndarray:
+                weight_t: np.ndarray, bias: np.ndarray,
+                train_penalty: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """R² on ``split`` of several targets fitted on one basis at once: ``weight_t`` (p × Q) holds
     each target's Wᵀ side by side in ``targets`` order, ``bias`` (Q,); the formula of
     :func:`r_squared` summed per target block.
 
-    On train, ``train_penalty`` (Q × p, each target column's ridge λ over the basis columns)
-    skips the p² × Q product: the fit solves W (S_zz + diag λ) = S_uz, so tr(W S_zz Wᵀ) =
-    tr(W S_zu) − Σ λ_i W_·i² and SSE = tr S_uu − tr(W S_zu) − Σ λ_i W_·i²."""
+    The scatter S = C − n μμᵀ is never formed: with w a row of W and a = w·μ_z,
+    Σ_j w_j S_uj = w·C_uz − n μ_u a and w S_zz wᵀ = w C_zz wᵀ − n a².
+
+    On train, ``train_penalty`` = (α per target column (Q,), λ of the basis columns at α = 1
+    (p,)) skips the p² × Q product: the fit solves W (S_zz + diag λ) = S_uz, so
+    tr(W S_zz Wᵀ) = tr(W S_zu) − Σ λ_i W_·i² and SSE = tr S_uu − tr(W S_zu) − Σ λ_i W_·i²."""
     cols = moments.columns(targets)
     starts = np.cumsum([0, *_dims_of(moments, targets)])[:-1]
-    n, mean, scatter = moments.centred(split)
-    sst = _sst(scatter, targets, cols, starts, split)
+    n, mean, cross = moments.count(split), moments.mean(split), moments.cross[split]
+    diagonal = moments.scatter_diagonal(split)
+    sst = _sst(diagonal, targets, cols, starts, split)
     # Row-wise (Q × p) in C order throughout: a LAPACK solve returns Wᵀ in Fortran order, so its
-    # transpose W is C-ordered for free, and S_uz is a gather of whole rows of the scatter.
+    # transpose W is C-ordered for free, and C_uz is a copy of whole model blocks of C.
     # Elementwise products across mismatched layouts run several times slower.
     weight = np.ascontiguousarray(weight_t.T)
-    s_tz = _sub(scatter, cols, basis_cols)
-    fitted = np.einsum("ij,ij->i", weight, s_tz)
+    weight_mean = weight @ mean[basis_cols]
+    fitted = np.einsum("ij,ij->i", weight, _sub(cross, cols, basis_cols)) - n * mean[cols] * weight_mean
     if train_penalty is not None:
         if split != "train":
             raise LMDError("internal: the penalty shortcut holds on the train split only")
-        per_column = np.diagonal(scatter)[cols] - fitted - np.einsum("ij,ij->i", train_penalty, weight**2)
+        column_alpha, unit_penalty = train_penalty
+        per_column = diagonal[cols] - fitted - column_alpha * (weight**2 @ unit_penalty)
     else:
-        s_zz = _sub(scatter, basis_cols, basis_cols)
-        offset = mean[cols] - weight @ mean[basis_cols] - bias
-        per_column = (np.diagonal(scatter)[cols] - 2.0 * fitted
-                      + _quadratic_forms(s_zz, weight) + n * offset**2)
+        quadratic = _quadratic_forms(_sub(cross, basis_cols, basis_cols), weight) - n * weight_mean**2
+        offset = mean[cols] - weight_mean - bias
+        per_column = diagonal[cols] - 2.0 * fitted + quadratic + n * offset**2
     return 1.0 - np.add.reduceat(per_column, starts) / sst
 
 
@@ -662,9 +693,9 @@ def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], 
     grid = grid or (float(alpha),)
     zi, ti = moments.columns(basis), moments.columns(targets)
     starts = np.cumsum([0, *_dims_of(moments, targets)])
-    n, mean, scatter = moments.centred("train")
+    n, mean = moments.count("train"), moments.mean("train")
     _check_moments_basis(moments, basis, zi)
-    s_zz, s_zt = _sub(scatter, zi, zi), _sub(scatter, zi, ti)
+    s_zz, s_zt = moments.scatter_block("train", zi, zi), moments.scatter_block("train", zi, ti)
     diagonal = np.diagonal(s_zz).copy()
     val = np.full((len(grid), len(targets)), np.nan)
     best: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}  # target → (val R², α, W, b)
@@ -736,9 +767,9 @@ def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dic
         zi = moments.columns([basis])
         weight_t = np.concatenate([fits[t][0].weight for t in targets]).T  # Fortran order, as a solve's
         bias = np.concatenate([fits[t][0].bias for t in targets])
-        unit = ridge_penalty(np.diagonal(moments.centred("train")[2])[zi], [len(zi)], 1.0)
+        unit = ridge_penalty(moments.scatter_diagonal("train")[zi], [len(zi)], 1.0)
         alphas = np.repeat([fits[t][0].alpha for t in targets], _dims_of(moments, targets))
-        r2 = {"train": _targets_r2(moments, "train", zi, targets, weight_t, bias, np.multiply.outer(alphas, unit)),
+        r2 = {"train": _targets_r2(moments, "train", zi, targets, weight_t, bias, (alphas, unit)),
               "val": [next(row["val_r2"] for row in fits[t][1] if row["alpha"] == fits[t][0].alpha) for t in targets],
               "test": _targets_r2(moments, "test", zi, targets, weight_t, bias)}
         for split in SPLITS:
@@ -751,10 +782,16 @@ def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dic
             for target in moments.names for basis in moments.names if basis != target for split in SPLITS]
 
 
-def _ridge_inverse(scatter: np.ndarray, penalty: np.ndarray) -> np.ndarray:
-    """(S + diag λ)⁻¹ as a full symmetric C-ordered matrix: one Cholesky (dpotrf) and its
-    inverse (dpotri) in place. Raises LMDError if S + diag λ is not positive definite."""
-    a = scatter.copy()
+def _ridge_inverse(moments: Moments, penalty: np.ndarray, band: int = 64) -> np.ndarray:
+    """(S + diag λ)⁻¹ of the train scatter S = C − n μμᵀ, as a full symmetric C-ordered matrix:
+    S + diag λ written once, a band of rows at a time, into the array that one Cholesky (dpotrf)
+    and its inverse (dpotri) then overwrite. Raises LMDError if it is not positive definite."""
+    cross = moments.cross["train"]
+    root_n_mean = np.sqrt(moments.count("train")) * moments.mean("train")
+    a = np.empty_like(cross)
+    for lo in range(0, len(a), band):  # −n μμᵀ band by band: no width² temporary
+        np.multiply.outer(root_n_mean[lo:lo + band], -root_n_mean, out=a[lo:lo + band])
+        a[lo:lo + band] += cross[lo:lo + band]
     a[np.diag_indices_from(a)] += penalty
     # a is C-ordered and symmetric, so its transpose is the same matrix in Fortran order: LAPACK
     # works on it in place, and the triangle it fills is the lower one of ``a``.
@@ -809,17 +846,17 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
     grid = grid or (float(alpha),)
     _check_two_models(moments.names, "leave-one-out fits")
     names, width = moments.names, moments.width
-    n, mean, scatter = moments.centred("train")
+    n = moments.count("train")
     _check_moments_basis(moments, names, np.arange(width))  # every model is in some basis
     bounds = np.cumsum([0, *moments.dims])
-    diagonal = np.diagonal(scatter).copy()
+    diagonal = moments.scatter_diagonal("train")
     best: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}  # target → (val R², α, Rᵀ, λ)
     for alpha_a in grid:
         penalty = ridge_penalty(diagonal, moments.dims, alpha_a)
         inverse = None  # without it (α = 0 and the joint width ≥ the train rows): one solve per target
         if alpha_a > 0 or n > width:
             try:
-                inverse = _ridge_inverse(scatter, penalty)
+                inverse = _ridge_inverse(moments, penalty)
             except LMDError:
                 pass
         for m, target in enumerate(names):
@@ -867,16 +904,21 @@ def _residual_r2(moments: Moments, split: str, target: str, block: slice, residu
                  train_penalty: np.ndarray | None = None) -> float:
     """R² on ``split`` of the fit whose residual is e = Rᵀ(x − μ_train) (Rᵀ: q × width). On train,
     ``train_penalty`` (width,: the basis columns' λ, 0 on the target's) gives the shortcut of
-    :func:`fit_leave_one_out`'s docstring instead of the width² × q product."""
-    n, mean, scatter = moments.centred(split)
-    sst = _sst(scatter, [target], np.arange(block.start, block.stop), np.array([0]), split)[0]
+    :func:`fit_leave_one_out`'s docstring instead of the width² × q product. Held out, from C
+    itself (S = C − n μμᵀ is never formed): Σ_rows r S rᵀ = Σ r C rᵀ − n ‖Rᵀμ‖²."""
+    n, mean = moments.count(split), moments.mean(split)
+    target_cols = np.arange(block.start, block.stop)
+    sst = _sst(moments.scatter_diagonal(split), [target], target_cols, np.array([0]), split)[0]
     if train_penalty is not None:
         if split != "train":
             raise LMDError("internal: the penalty shortcut holds on the train split only")
-        sse = np.sum(residual_t * scatter[block]) - np.sum(train_penalty * residual_t**2)
+        scatter_rows = moments.scatter_block("train", target_cols, np.arange(moments.width))
+        sse = np.sum(residual_t * scatter_rows) - np.sum(train_penalty * residual_t**2)
     else:
-        offset = residual_t @ (mean - moments.centred("train")[1])
-        sse = np.sum(_quadratic_forms(scatter, residual_t)) + n * offset @ offset
+        residual_mean = residual_t @ mean
+        offset = residual_t @ (mean - moments.mean("train"))
+        sse = (np.sum(_quadratic_forms(moments.cross[split], residual_t)) - n * residual_mean @ residual_mean
+               + n * offset @ offset)
     return float(1.0 - sse / sst)
 
 
