@@ -110,6 +110,29 @@ def test_leave_one_out_without_ridge_when_the_joint_scatter_is_singular():
                 assert r["r2"] == pytest.approx(expected, abs=1e-8)
 
 
+def test_least_squares_on_a_layernorm_basis_is_refused_as_singular():
+    """LayerNorm outputs satisfy Σ_j (x_j − β_j)/γ_j = 0 on every row, so their scatter is
+    singular, yet Cholesky of the rounded matrix succeeds (checked here): α = 0 must be refused
+    by the condition estimate, not return weights of astronomical norm. A grid skips α = 0."""
+    rng = np.random.default_rng(8)  # a seed whose rounding leaves the singular scatter "positive definite"
+    n, p = 400, 6
+    gain, shift = rng.uniform(0.5, 2.0, p), rng.normal(size=p)
+    raw = rng.normal(size=(n, p)) @ rng.normal(size=(p, p))
+    normed = (raw - raw.mean(axis=1, keepdims=True)) / raw.std(axis=1, keepdims=True)
+    layernormed = (normed * gain + shift).astype(np.float32)
+    target = layernormed[:, :2] + (0.1 * rng.normal(size=(n, 2))).astype(np.float32)
+    split = np.array(["train"] * 300 + ["val"] * 50 + ["test"] * 50, dtype=object)
+    m = moments_of([layernormed, target], ["ln", "t"], split)
+    cols = m.columns(["ln"])
+    np.linalg.cholesky(m.scatter_block("train", cols, cols))  # rounding hides the singularity from Cholesky
+    with pytest.raises(lmd.LMDError, match="singular"):
+        lmd.fit_ridge(m, ["ln"], "t", 0.0)
+    with pytest.raises(lmd.LMDError, match="singular"):
+        lmd.fit_leave_one_out(m, 0.0)
+    fit, table = lmd.select_alpha(m, ["ln"], "t", [0.0, 0.1], warn_edge=False)
+    assert fit.alpha == 0.1 and np.isnan(table[0]["val_r2"])
+
+
 def test_ridge_matches_explicit_centred_solution(data):
     blocks, split = data
     m = moments_of(blocks, ["a", "b", "c"], split)

@@ -48,7 +48,7 @@ import numpy as np
 # libraries already loaded, and scipy brings its own OpenBLAS.
 from scipy.linalg import cho_factor, cho_solve
 from scipy.linalg.blas import dsyrk, dtrmm, dtrsm
-from scipy.linalg.lapack import dpotrf, dpotri
+from scipy.linalg.lapack import dpocon, dpotrf, dpotri
 
 from . import shards
 from .atomic import atomic_path
@@ -507,14 +507,32 @@ def ridge_penalty(scatter_diagonal: np.ndarray, dims: Sequence[int], alpha: floa
     return alpha * np.repeat(block_mean, dims, axis=-1)
 
 
+def _check_conditioned(factor: np.ndarray, norm_1: float, upper: bool, what: str) -> None:
+    """Refuse a numerically singular S + diag λ from its Cholesky factor: LAPACK's estimate of
+    the reciprocal condition number (dpocon, O(p²)) below p·eps means rounding alone can move
+    the solution arbitrarily far along a near-null direction. Cholesky of the rounded matrix
+    often succeeds all the same. LayerNorm outputs are such a case: Σ_j (x_j − β_j)/γ_j = 0 for
+    every row (mean pooling keeps it), so at α = 0 a basis of them is singular. On the default
+    zoo, least squares of zoo-modernbert on minilm returned weights of norm 1e36 and a val R²
+    of 0.333 where the minimum-norm least-squares solution (the α → 0 limit of ridge) scores
+    0.316; val picked the artefact."""
+    rcond, info = dpocon(factor, norm_1, uplo="U" if upper else "L")
+    if info != 0 or not rcond >= len(factor) * np.finfo(np.float64).eps:
+        raise LMDError(f"{what}: the basis covariance is singular (reciprocal condition number {rcond:.1e}); "
+                       "set lmd.alpha > 0")
+
+
 def _ridge_solve(s_zz: np.ndarray, penalty: np.ndarray, rhs: np.ndarray, what: str) -> np.ndarray:
     """(S_zz + diag λ)⁻¹ rhs by Cholesky (the matrix is symmetric positive definite when the fit is
-    well posed). ``s_zz`` is a copy owned by the caller; it is overwritten."""
+    well posed; :func:`_check_conditioned`). ``s_zz`` is a copy owned by the caller; it is
+    overwritten."""
     s_zz[np.diag_indices_from(s_zz)] += penalty
+    norm_1 = np.linalg.norm(s_zz, 1)
     try:
         factor = cho_factor(s_zz, lower=False, overwrite_a=True, check_finite=False)
     except np.linalg.LinAlgError as exc:
         raise LMDError(f"{what}: the basis covariance is singular; set lmd.alpha > 0") from exc
+    _check_conditioned(factor[0], norm_1, True, what)
     return cho_solve(factor, rhs, check_finite=False)
 
 
@@ -789,15 +807,20 @@ def _ridge_inverse(moments: Moments, penalty: np.ndarray, band: int = 64) -> np.
     cross = moments.cross["train"]
     root_n_mean = np.sqrt(moments.count("train")) * moments.mean("train")
     a = np.empty_like(cross)
+    column_abs_sums = np.zeros(len(a))
     for lo in range(0, len(a), band):  # −n μμᵀ band by band: no width² temporary
         np.multiply.outer(root_n_mean[lo:lo + band], -root_n_mean, out=a[lo:lo + band])
         a[lo:lo + band] += cross[lo:lo + band]
+        column_abs_sums += np.abs(a[lo:lo + band]).sum(axis=0)
     a[np.diag_indices_from(a)] += penalty
+    norm_1 = np.max(column_abs_sums + penalty)  # ‖S + diag λ‖₁: S_jj ≥ 0 and λ_j ≥ 0 add up
     # a is C-ordered and symmetric, so its transpose is the same matrix in Fortran order: LAPACK
     # works on it in place, and the triangle it fills is the lower one of ``a``.
     factor, info = dpotrf(a.T, lower=0, clean=0, overwrite_a=1)
-    if info == 0:
-        inverse, info = dpotri(factor, lower=0, overwrite_c=1)
+    if info != 0:
+        raise LMDError("the joint covariance plus ridge is not positive definite")
+    _check_conditioned(factor, norm_1, True, "the joint covariance plus ridge")
+    inverse, info = dpotri(factor, lower=0, overwrite_c=1)
     if info != 0:
         raise LMDError("the joint covariance plus ridge is not positive definite")
     out = inverse.T
