@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 import pytest
 
 from conftest import moments_of, r2_direct, ridge_reference, write_embeddings
@@ -63,14 +64,16 @@ def test_leave_one_out_equals_numpy_lstsq_on_concatenated_basis(data):
             assert rows[target + s] == pytest.approx(r2_direct(z[split == s], blocks[ti][split == s], w, b), abs=1e-8)
 
 
+@pytest.mark.parametrize("scales", [(1.0, 1e3, 1e-2, 30.0), (1.0, 1e4, 1e-4, 30.0)])
 @pytest.mark.parametrize("alpha", [0.05, [0.0, 1e-3, 0.05, 1.0]])
-def test_leave_one_out_from_one_joint_inverse_equals_separate_solves(alpha):
+def test_leave_one_out_from_one_joint_inverse_equals_separate_solves(alpha, scales):
     """Every leave-one-out fit is read off one inverse of the regularised joint scatter; each
     must equal an explicit ridge solve on its own concatenated basis, on every split, also
-    when the models' scales differ by orders of magnitude."""
+    when the models' scales differ by orders of magnitude (a variance ratio of 1e16 makes the
+    joint scatter's condition number ~1e16: the singularity check must not refuse it)."""
     rng = np.random.default_rng(21)
     n, widths = 700, [6, 4, 8, 5]
-    blocks = [b * s for b, s in zip(planted(rng, n, widths, noise=1.0), (1.0, 1e3, 1e-2, 30.0))]
+    blocks = [b * s for b, s in zip(planted(rng, n, widths, noise=1.0), scales)]
     split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n, p=[0.5, 0.25, 0.25])
     names = ["a", "b", "c", "d"]
     m = moments_of(blocks, names, split)
@@ -112,9 +115,9 @@ def test_leave_one_out_without_ridge_when_the_joint_scatter_is_singular():
 
 def test_least_squares_on_a_layernorm_basis_is_refused_as_singular():
     """LayerNorm outputs satisfy Σ_j (x_j − β_j)/γ_j = 0 on every row, so their scatter is
-    singular, yet Cholesky of the rounded matrix succeeds (checked here): α = 0 must be refused
-    by the condition estimate, not return weights of astronomical norm. A grid skips α = 0."""
-    rng = np.random.default_rng(8)  # a seed whose rounding leaves the singular scatter "positive definite"
+    singular up to float32 rounding, and Cholesky succeeds (checked here): α = 0 must be refused
+    by the pivot test, not return weights of astronomical norm. A grid skips α = 0."""
+    rng = np.random.default_rng(8)
     n, p = 400, 6
     gain, shift = rng.uniform(0.5, 2.0, p), rng.normal(size=p)
     raw = rng.normal(size=(n, p)) @ rng.normal(size=(p, p))
@@ -124,13 +127,36 @@ def test_least_squares_on_a_layernorm_basis_is_refused_as_singular():
     split = np.array(["train"] * 300 + ["val"] * 50 + ["test"] * 50, dtype=object)
     m = moments_of([layernormed, target], ["ln", "t"], split)
     cols = m.columns(["ln"])
-    np.linalg.cholesky(m.scatter_block("train", cols, cols))  # rounding hides the singularity from Cholesky
-    with pytest.raises(lmd.LMDError, match="singular"):
+    scipy.linalg.cho_factor(m.scatter_block("train", cols, cols))  # rounding hides the singularity from Cholesky
+    with pytest.raises(lmd.LMDError, match=r"ill-posed: column 5 is a linear combination .* float32 rounding"):
         lmd.fit_ridge(m, ["ln"], "t", 0.0)
-    with pytest.raises(lmd.LMDError, match="singular"):
-        lmd.fit_leave_one_out(m, 0.0)
     fit, table = lmd.select_alpha(m, ["ln"], "t", [0.0, 0.1], warn_edge=False)
     assert fit.alpha == 0.1 and np.isnan(table[0]["val_r2"])
+    # leave-one-out: the joint scatter names the column; every basis holding "ln" is skipped
+    with pytest.raises(lmd.LMDError, match=r"ill-posed: the train scatter of \['ln'\] alone is singular"):
+        lmd.fit_leave_one_out(m, 0.0)
+    with pytest.raises(lmd.LMDError, match=r"column ln\[5\] is a linear combination"):
+        lmd._ridge_inverse(m, np.zeros(m.width))
+    rows = lmd.fit_leave_one_out(m, [0.0, 0.1])
+    assert {r["alpha"] for r in rows if r["target"] == "t"} == {0.1}
+
+
+def test_cholesky_pivots_are_the_share_of_each_column_left_unexplained():
+    """U_jj² / A_jj (A = XᵀX = UᵀU) against 1 − R² of column j of X regressed (with lstsq) on the
+    columns before it; so a column that is a combination of earlier ones up to float32
+    rounding (share ~u²) is refused, and healthy columns are not, whatever their scales."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(50, 6)) * np.array([1e-5, 1.0, 1e5, 3.0, 1e3, 0.1])
+    factor = np.linalg.cholesky(x.T @ x).T
+    for j in range(1, 6):
+        coef = np.linalg.lstsq(x[:, :j], x[:, j], rcond=None)[0]
+        unexplained = np.sum((x[:, j] - x[:, :j] @ coef) ** 2) / np.sum(x[:, j] ** 2)
+        assert factor[j, j] ** 2 / (x[:, j] @ x[:, j]) == pytest.approx(unexplained, rel=1e-8)
+    lmd._check_pivots(np.diagonal(factor), np.diagonal(x.T @ x), "well posed")
+    dependent = np.column_stack([x, (x[:, 1] - 2e-5 * x[:, 2]).astype(np.float32)])
+    factor = scipy.linalg.cholesky(dependent.T @ dependent)
+    with pytest.raises(lmd.LMDError, match="column 6 is a linear combination"):
+        lmd._check_pivots(np.diagonal(factor), np.diagonal(dependent.T @ dependent), "dependent")
 
 
 def test_ridge_matches_explicit_centred_solution(data):
@@ -259,25 +285,25 @@ def test_quadratic_forms_from_one_triangle_equal_the_full_products(rows, width):
 
 def test_scatter_blocks_without_the_centred_scatter():
     """The fits read S = C − n μμᵀ as blocks and a diagonal, never as a width² matrix: the blocks
-    equal numpy's centred float64 cross-product (and :meth:`Moments.centred`'s entries to the
-    bit), and pairwise and leave-one-out fits leave no centred scatter cached."""
+    equal numpy's centred float64 cross-product, and S's entries are the same sums in a block,
+    on the diagonal and in the full matrix."""
     rng = np.random.default_rng(5)
     dims = [2, 3, 4]
     x = {s: rng.normal(size=(40, sum(dims))) + 3.0 for s in lmd.SPLITS}
     moments = lmd.Moments(["a", "b", "c"], dims)
     for s in lmd.SPLITS:
         moments.update(s, x[s])
-    lmd.fit_pairwise(moments, 0.1)
-    lmd.fit_leave_one_out(moments, [0.1, 1.0])
-    assert not moments._centred
     centred = x["val"] - x["val"].mean(axis=0)
     expected = centred.T @ centred
     for rows, cols in [(["c", "a"], ["b", "c"]), (["b"], ["b"]), (["a", "c"], ["a", "b", "c"])]:
         r, c = moments.columns(rows), moments.columns(cols)
         block = moments.scatter_block("val", r, c)
         np.testing.assert_allclose(block, expected[np.ix_(r, c)], rtol=1e-12, atol=1e-12)
-        np.testing.assert_array_equal(block, moments.centred("val")[2][np.ix_(r, c)])
-    np.testing.assert_allclose(moments.scatter_diagonal("val"), np.diagonal(expected), rtol=1e-12)
+    everything = np.arange(moments.width)
+    full = moments.scatter_block("val", everything, everything)
+    np.testing.assert_array_equal(full, full.T)
+    np.testing.assert_array_equal(moments.scatter_diagonal("val"), np.diagonal(full))
+    np.testing.assert_array_equal(moments.scatter_block("val", r, c), full[np.ix_(r, c)])
 
 
 @pytest.mark.parametrize("rows, cols", [([1, 2, 3], [4, 5]), ([0, 1, 7, 8, 9], [2, 3, 5]),

@@ -48,7 +48,7 @@ import numpy as np
 # libraries already loaded, and scipy brings its own OpenBLAS.
 from scipy.linalg import cho_factor, cho_solve
 from scipy.linalg.blas import dsyrk, dtrmm, dtrsm
-from scipy.linalg.lapack import dpocon, dpotrf, dpotri
+from scipy.linalg.lapack import dpotrf, dpotri
 
 from . import shards
 from .atomic import atomic_path
@@ -179,7 +179,6 @@ class Moments:
     sums: dict[str, np.ndarray] = field(default_factory=dict)
     cross: dict[str, np.ndarray] = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # provenance, e.g. words kept and dropped by alignment
-    _centred: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         width = sum(self.dims)
@@ -203,7 +202,6 @@ class Moments:
 
     def _add(self, split: str, x: np.ndarray) -> None:
         """Add rows to n, the sums and the lower triangle of the cross-product only."""
-        self._centred.pop(split, None)
         x = np.ascontiguousarray(x, dtype=np.float64)
         self.n[split] += x.shape[0]
         self.sums[split] += x.sum(axis=0)
@@ -212,7 +210,6 @@ class Moments:
     def merge(self, other: "Moments") -> "Moments":
         if other.names != self.names or other.dims != self.dims:
             raise LMDError("cannot merge moments of different model sets")
-        self._centred.clear()
         for split in SPLITS:
             self.n[split] += other.n[split]
             self.sums[split] += other.sums[split]
@@ -229,34 +226,21 @@ class Moments:
     def mean(self, split: str) -> np.ndarray:
         return self.sums[split] / self.count(split)
 
+    def root_n_mean(self, split: str) -> np.ndarray:
+        """√n μ: S = C + (√n μ)(−√n μ)ᵀ is formed from it, so that every S entry is the same sum
+        wherever it is computed (and S is exactly symmetric)."""
+        return np.sqrt(self.count(split)) * self.mean(split)
+
     def scatter_diagonal(self, split: str) -> np.ndarray:
         """diag S = diag C − n μ², without forming S."""
-        root_n_mean = np.sqrt(self.count(split)) * self.mean(split)
-        return np.diagonal(self.cross[split]) - root_n_mean**2
+        return np.diagonal(self.cross[split]) - self.root_n_mean(split)**2
 
     def scatter_block(self, split: str, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """S[rows][:, cols] of S = C − n μμᵀ as a new array, without forming the width² S: the
-        block of C plus the block of −n μμᵀ (the same sum, to the bit, as :meth:`centred`'s)."""
-        root_n_mean = np.sqrt(self.count(split)) * self.mean(split)
+        """S[rows][:, cols] of S = C − n μμᵀ as a new array, without forming the width² S (0.7 GB
+        per split at the joint width 9,216, and first touching one costs more than its
+        arithmetic): the block of C plus the block of −n μμᵀ."""
+        root_n_mean = self.root_n_mean(split)
         return np.multiply.outer(root_n_mean[rows], -root_n_mean[cols]) + _sub(self.cross[split], rows, cols)
-
-    def centred(self, split: str) -> tuple[int, np.ndarray, np.ndarray]:
-        """(n, mean μ, scatter S = C − n μμᵀ) of one split. The fits use :meth:`scatter_block`,
-        :meth:`scatter_diagonal` and C itself instead: a width² S per split is 0.7 GB at the
-        joint width 9,216, and first touching it costs more than the arithmetic.
-
-        Cached per split (the similarity stage reads it whole, for every pair of models); the
-        cache is keyed on the count so that moments filled in place after a call are recomputed."""
-        n = self.count(split)
-        cached = self._centred.get(split)
-        if cached is None or cached[0] != n:
-            mean = self.sums[split] / n
-            root_n_mean = np.sqrt(n) * mean
-            scatter = np.multiply.outer(root_n_mean, -root_n_mean)  # −n μμᵀ, exactly symmetric
-            scatter += self.cross[split]
-            cached = (n, mean, scatter)
-            self._centred[split] = cached
-        return cached
 
     def save(self, path: str | Path) -> None:
         from safetensors.numpy import save_file
@@ -507,32 +491,51 @@ def ridge_penalty(scatter_diagonal: np.ndarray, dims: Sequence[int], alpha: floa
     return alpha * np.repeat(block_mean, dims, axis=-1)
 
 
-def _check_conditioned(factor: np.ndarray, norm_1: float, upper: bool, what: str) -> None:
-    """Refuse a numerically singular S + diag λ from its Cholesky factor: LAPACK's estimate of
-    the reciprocal condition number (dpocon, O(p²)) below p·eps means rounding alone can move
-    the solution arbitrarily far along a near-null direction. Cholesky of the rounded matrix
-    often succeeds all the same. LayerNorm outputs are such a case: Σ_j (x_j − β_j)/γ_j = 0 for
-    every row (mean pooling keeps it), so at α = 0 a basis of them is singular. On the default
-    zoo, least squares of zoo-modernbert on minilm returned weights of norm 1e36 and a val R²
-    of 0.333 where the minimum-norm least-squares solution (the α → 0 limit of ridge) scores
-    0.316; val picked the artefact."""
-    rcond, info = dpocon(factor, norm_1, uplo="U" if upper else "L")
-    if info != 0 or not rcond >= len(factor) * np.finfo(np.float64).eps:
-        raise LMDError(f"{what}: the basis covariance is singular (reciprocal condition number {rcond:.1e}); "
-                       "set lmd.alpha > 0")
+# The embeddings are stored in float32: a column that other columns explain up to its float32
+# rounding is a linear combination of them as far as the data can tell (see _check_pivots).
+_FLOAT32_UNIT_ROUNDOFF = 2.0**-24
+_ROUNDING_MARGIN = 1e3
 
 
-def _ridge_solve(s_zz: np.ndarray, penalty: np.ndarray, rhs: np.ndarray, what: str) -> np.ndarray:
+def _check_pivots(factor_diagonal: np.ndarray, raw_diagonal: np.ndarray, what: str,
+                  column_names: Sequence[str] | None = None) -> None:
+    """Refuse least squares (α = 0) on a basis that is singular to the float32 precision of the
+    embeddings, from the Cholesky factor of its scatter (S = UᵀU).
+
+    U_jj² is the part of column j's scatter that the columns before it leave unexplained. The
+    float32 rounding of p columns carries ~p·u²·C_jj of it (u = 2⁻²⁴, C_jj the raw Σx_j²: the
+    rounding is relative to x, not to its spread). A pivot below 1e3 times that means column j
+    is a combination of earlier ones up to rounding, and least squares along that direction
+    fits rounding noise, although Cholesky of the rounded matrix succeeded. LayerNorm outputs
+    are such a case: Σ_j (x_j − β_j)/γ_j = 0 on every row (mean pooling keeps it). On the
+    default zoo their last column's pivot is 0.7–1.0 × p·u²·C_jj and every other column's is
+    above 4e9 × (minilm also has exactly dependent columns, pivots ~1e-52 ×). There, least
+    squares of zoo-modernbert on minilm returned weights of norm 1e36 and a val R² of 0.333
+    where the minimum-norm solution (the α → 0 limit of ridge) scores 0.316; val picked it.
+    The test is per column, so it does not depend on any model's scale (α > 0 is never
+    refused: its penalty is positive for every non-constant model)."""
+    tolerance = _ROUNDING_MARGIN * len(raw_diagonal) * _FLOAT32_UNIT_ROUNDOFF**2
+    unexplained = factor_diagonal**2 / raw_diagonal
+    j = int(np.argmin(unexplained))
+    if not unexplained[j] >= tolerance:
+        column = f"column {j if column_names is None else column_names[j]}"
+        raise LMDError(f"{what}: least squares is ill-posed: {column} is a linear combination of the columns "
+                       f"before it up to the float32 rounding of the embeddings (unexplained "
+                       f"{unexplained[j]:.1e} of Σx², below {tolerance:.1e}); set lmd.alpha > 0")
+
+
+def _ridge_solve(s_zz: np.ndarray, penalty: np.ndarray, rhs: np.ndarray, what: str,
+                 raw_diagonal: np.ndarray) -> np.ndarray:
     """(S_zz + diag λ)⁻¹ rhs by Cholesky (the matrix is symmetric positive definite when the fit is
-    well posed; :func:`_check_conditioned`). ``s_zz`` is a copy owned by the caller; it is
-    overwritten."""
+    well posed; at α = 0, :func:`_check_pivots` with ``raw_diagonal``, the basis columns' Σx²).
+    ``s_zz`` is a copy owned by the caller; it is overwritten."""
     s_zz[np.diag_indices_from(s_zz)] += penalty
-    norm_1 = np.linalg.norm(s_zz, 1)
     try:
         factor = cho_factor(s_zz, lower=False, overwrite_a=True, check_finite=False)
     except np.linalg.LinAlgError as exc:
         raise LMDError(f"{what}: the basis covariance is singular; set lmd.alpha > 0") from exc
-    _check_conditioned(factor[0], norm_1, True, what)
+    if not np.any(penalty):
+        _check_pivots(np.diagonal(factor[0]), raw_diagonal, what)
     return cho_solve(factor, rhs, check_finite=False)
 
 
@@ -556,25 +559,15 @@ def fit_ridge(moments: Moments, basis: Sequence[str], target: str, alpha: float)
     _check_least_squares(n, len(zi), alpha, what)
     s_zz = moments.scatter_block("train", zi, zi)
     penalty = ridge_penalty(np.diagonal(s_zz), _dims_of(moments, basis), alpha)
-    weight = _ridge_solve(s_zz, penalty, moments.scatter_block("train", zi, ui), what).T
+    weight = _ridge_solve(s_zz, penalty, moments.scatter_block("train", zi, ui), what,
+                          np.diagonal(moments.cross["train"])[zi]).T
     bias = mean[ui] - weight @ mean[zi]
     return RidgeFit(tuple(basis), target, alpha, weight, bias)
 
 
 def r_squared(moments: Moments, fit: RidgeFit, split: str) -> float:
     """Pooled R² of ``fit`` on ``split``, from that split's moments (formula in the module doc)."""
-    zi, ui = moments.columns(fit.basis), moments.columns([fit.target])
-    n, mean = moments.count(split), moments.mean(split)
-    s_uu = moments.scatter_block(split, ui, ui)
-    s_zu = moments.scatter_block(split, zi, ui)
-    s_zz = moments.scatter_block(split, zi, zi)
-    w = fit.weight
-    offset = mean[ui] - w @ mean[zi] - fit.bias
-    sse = np.trace(s_uu) - 2.0 * np.sum(w * s_zu.T) + np.sum((w @ s_zz) * w) + n * offset @ offset
-    sst = np.trace(s_uu)
-    if sst <= 0:
-        raise LMDError(f"target {fit.target!r} has zero variance on the {split} split")
-    return float(1.0 - sse / sst)
+    return float(_targets_r2(moments, split, moments.columns(fit.basis), [fit.target], fit.weight.T, fit.bias)[0])
 
 
 def _alpha_grid(alpha) -> tuple[float, ...] | None:
@@ -725,7 +718,7 @@ def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], 
             continue
         penalty = ridge_penalty(diagonal, _dims_of(moments, basis), alpha_a)
         try:
-            weight_t = _ridge_solve(s_zz.copy(), penalty, s_zt, what)
+            weight_t = _ridge_solve(s_zz.copy(), penalty, s_zt, what, np.diagonal(moments.cross["train"])[zi])
         except LMDError:
             if strict:
                 raise
@@ -803,29 +796,44 @@ def fit_pairwise(moments: Moments, alpha: "float | Sequence[float]") -> list[dic
 def _ridge_inverse(moments: Moments, penalty: np.ndarray, band: int = 64) -> np.ndarray:
     """(S + diag λ)⁻¹ of the train scatter S = C − n μμᵀ, as a full symmetric C-ordered matrix:
     S + diag λ written once, a band of rows at a time, into the array that one Cholesky (dpotrf)
-    and its inverse (dpotri) then overwrite. Raises LMDError if it is not positive definite."""
+    and its inverse (dpotri) then overwrite. Raises LMDError if it is not positive definite or,
+    at α = 0, singular to float32 precision (:func:`_check_pivots`)."""
     cross = moments.cross["train"]
-    root_n_mean = np.sqrt(moments.count("train")) * moments.mean("train")
+    root_n_mean = moments.root_n_mean("train")
     a = np.empty_like(cross)
-    column_abs_sums = np.zeros(len(a))
     for lo in range(0, len(a), band):  # −n μμᵀ band by band: no width² temporary
         np.multiply.outer(root_n_mean[lo:lo + band], -root_n_mean, out=a[lo:lo + band])
         a[lo:lo + band] += cross[lo:lo + band]
-        column_abs_sums += np.abs(a[lo:lo + band]).sum(axis=0)
     a[np.diag_indices_from(a)] += penalty
-    norm_1 = np.max(column_abs_sums + penalty)  # ‖S + diag λ‖₁: S_jj ≥ 0 and λ_j ≥ 0 add up
     # a is C-ordered and symmetric, so its transpose is the same matrix in Fortran order: LAPACK
     # works on it in place, and the triangle it fills is the lower one of ``a``.
     factor, info = dpotrf(a.T, lower=0, clean=0, overwrite_a=1)
     if info != 0:
         raise LMDError("the joint covariance plus ridge is not positive definite")
-    _check_conditioned(factor, norm_1, True, "the joint covariance plus ridge")
+    if not np.any(penalty):
+        _check_pivots(np.diagonal(factor), np.diagonal(cross), "the joint covariance",
+                      [f"{name}[{k}]" for name, dim in zip(moments.names, moments.dims) for k in range(dim)])
     inverse, info = dpotri(factor, lower=0, overwrite_c=1)
     if info != 0:
         raise LMDError("the joint covariance plus ridge is not positive definite")
     out = inverse.T
     _symmetrise_from_lower(out)
     return out
+
+
+def _singular_models(moments: Moments) -> set[str]:
+    """Models whose own train scatter is singular to float32 precision (:func:`_check_pivots`).
+    At α = 0 every basis holding one is too: a column that the rest of its model explains is
+    explained at least as well by a larger basis. Costs one small Cholesky per model."""
+    singular = set()
+    for name in moments.names:
+        cols = moments.columns([name])
+        try:
+            _ridge_solve(moments.scatter_block("train", cols, cols), np.zeros(len(cols)), np.zeros((len(cols), 1)),
+                         name, np.diagonal(moments.cross["train"])[cols])
+        except LMDError:
+            singular.add(name)
+    return singular
 
 
 def _loo_residual_map(inverse: np.ndarray, block: slice) -> np.ndarray:
@@ -876,12 +884,15 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
     best: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}  # target → (val R², α, Rᵀ, λ)
     for alpha_a in grid:
         penalty = ridge_penalty(diagonal, moments.dims, alpha_a)
-        inverse = None  # without it (α = 0 and the joint width ≥ the train rows): one solve per target
+        inverse = None  # without it (α = 0 and a singular joint scatter): one solve per target
         if alpha_a > 0 or n > width:
             try:
                 inverse = _ridge_inverse(moments, penalty)
             except LMDError:
                 pass
+        # at α = 0, skip (or refuse) the targets whose basis holds a singular model up front,
+        # instead of one refused Cholesky of nearly the joint width per target
+        singular = _singular_models(moments) if inverse is None and alpha_a == 0 else set()
         for m, target in enumerate(names):
             block = slice(bounds[m], bounds[m + 1])
             basis = [t for t in names if t != target]
@@ -893,6 +904,12 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
             if inverse is not None:
                 residual_t = _loo_residual_map(inverse, block)
             else:
+                if singular & set(basis):
+                    if strict:
+                        raise LMDError(f"{what}: least squares is ill-posed: the train scatter of "
+                                       f"{sorted(singular & set(basis))} alone is singular to float32 "
+                                       "precision; set lmd.alpha > 0")
+                    continue
                 try:
                     fit = fit_ridge(moments, basis, target, alpha_a)
                 except LMDError:
@@ -1240,7 +1257,8 @@ def bootstrap_r2_samples(
     :func:`bootstrap_weights`, the same for every split, since a block is a unit of sequences),
     refits on the train moments Σ_b w_rb M_b^train and scores on Σ_b w_rb M_b^split — exactly
     the fit and R² of :func:`fit_ridge` / :func:`r_squared` on the resampled sequences.
-    A replicate with an empty split or a singular fit is an error (use larger blocks or α > 0).
+    A replicate with an empty split or a singular fit is an error (use larger blocks or α > 0);
+    at α = 0 so is one with no more distinct train rows than basis columns.
 
     Only the blocks a fit reads are gathered and weighted: C_zz, C_zu and the diagonal of C_uu
     (tr S_uu), not the whole (p + q)² cross-product.
@@ -1314,6 +1332,9 @@ def bootstrap_r2_samples(
         wts = weights[lo:lo + chunk]
         train = replicate(stats["train"], wts)
         n_t, mu_t, s_zz, s_zu, _ = train
+        # least squares needs more distinct train rows than basis columns: a replicate repeats
+        # blocks, so it holds fewer distinct rows than its weighted count n_t
+        distinct_t = (wts > 0) @ stats["train"][0]
         regularised = s_zz.copy()
         diagonal = np.arange(p)
         regularised[:, diagonal, diagonal] += ridge_penalty(np.diagonal(s_zz, axis1=1, axis2=2), basis_dims, alpha)
@@ -1332,7 +1353,7 @@ def bootstrap_r2_samples(
                    + n_s * np.sum(offset**2, axis=1))
             with np.errstate(divide="ignore", invalid="ignore"):
                 r2 = 1.0 - sse / s_uu
-            r2[(n_s == 0) | (s_uu <= 0) | ((alpha == 0) & (n_t <= p))] = np.nan
+            r2[(n_s == 0) | (s_uu <= 0) | ((alpha == 0) & (distinct_t <= p))] = np.nan
             out[s][lo:lo + chunk] = r2
             del zz_s, zu_s  # before the next split's are built
     for s, samples in out.items():

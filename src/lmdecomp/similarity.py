@@ -40,9 +40,8 @@ def cka_from_moments(moments: Moments, a: str | Sequence[str], b: str | Sequence
         raise LMDError(f"unknown split {split!r}")
     ai = moments.columns([a] if isinstance(a, str) else a)
     bi = moments.columns([b] if isinstance(b, str) else b)
-    _, _, scatter = moments.centred(split)
-    s_ab = scatter[np.ix_(ai, bi)]
-    norm = np.linalg.norm(scatter[np.ix_(ai, ai)]) * np.linalg.norm(scatter[np.ix_(bi, bi)])
+    s_ab = moments.scatter_block(split, ai, bi)
+    norm = np.linalg.norm(moments.scatter_block(split, ai, ai)) * np.linalg.norm(moments.scatter_block(split, bi, bi))
     if norm <= 0:
         raise LMDError(f"a model has zero variance on the {split} split; CKA is undefined")
     return float(np.sum(s_ab * s_ab) / norm)
