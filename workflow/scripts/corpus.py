@@ -14,6 +14,6 @@ args = parser.parse_args()
 
 cfg = load_stage_params(args.params, "corpus")["corpus"]
 tokenizer = models.resolve({"name": "reference_tokenizer", **cfg["reference_tokenizer"]}).load_tokenizer()
-table, report = corpus.build_sequences(cfg, tokenizer)
+table, report = corpus.build_sequences(cfg, tokenizer, progress=True)
 corpus.write_sequences(table, args.out)
 print(json.dumps(report, indent=2), file=sys.stderr)
