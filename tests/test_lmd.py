@@ -309,11 +309,15 @@ def test_scatter_blocks_without_the_centred_scatter():
 @pytest.mark.parametrize("rows, cols", [([1, 2, 3], [4, 5]), ([0, 1, 7, 8, 9], [2, 3, 5]),
                                         (list(range(0, 12, 2)), [0, 1, 2, 9, 10])])
 def test_sub_copies_runs_like_fancy_indexing(rows, cols):
-    """One run each: a view; a few runs: block copies; many runs (above max_runs): np.ix_."""
-    matrix = np.arange(144.0).reshape(12, 12)
+    """One run each: a view; a few runs: block copies; many runs (above max_runs): fancy
+    indexing; over the last two axes of a stack (the bootstrap's blocks) as of one matrix."""
+    stack = np.arange(288.0).reshape(2, 12, 12)
     for max_runs in (64, 2):
-        np.testing.assert_array_equal(lmd._sub(matrix, np.array(rows), np.array(cols), max_runs),
-                                      matrix[np.ix_(rows, cols)])
+        for matrix in (stack[0], stack):
+            np.testing.assert_array_equal(lmd._sub(matrix, np.array(rows), np.array(cols), max_runs),
+                                          matrix[..., np.array(rows)[:, None], np.array(cols)[None, :]])
+        np.testing.assert_array_equal(lmd._sub(stack, np.array(rows), np.array(cols), max_runs)[1],
+                                      stack[1][np.ix_(rows, cols)])
 
 
 def four_shards_of_three_models(tmp_path, seed):

@@ -627,19 +627,20 @@ def _runs(idx: np.ndarray) -> list[tuple[slice, slice]]:
 
 
 def _sub(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray, max_runs: int = 64) -> np.ndarray:
-    """matrix[rows][:, cols]: a view when both are one contiguous run (a single model's block),
-    else a copy made run by run when they are a few runs (model blocks): np.take or np.ix_ on a
-    width² matrix is a random-access gather, ~20× slower than copying the same blocks."""
+    """matrix[..., rows, cols] over the last two axes (any leading ones, e.g. bootstrap blocks,
+    are kept): a view when both are one contiguous run (a single model's block), else a copy
+    made run by run when they are a few runs (model blocks). np.take or np.ix_ on a width²
+    matrix is a random-access gather, ~20× slower than copying the same blocks."""
     row_runs = _runs(rows) if len(rows) else []
     col_runs = _runs(cols) if len(cols) else []
     if len(row_runs) == 1 and len(col_runs) == 1:
-        return matrix[row_runs[0][1], col_runs[0][1]]
+        return matrix[..., row_runs[0][1], col_runs[0][1]]
     if len(row_runs) * len(col_runs) > max_runs:
-        return matrix[np.ix_(rows, cols)]
-    out = np.empty((len(rows), len(cols)), dtype=matrix.dtype)
+        return matrix[..., rows[:, None], cols[None, :]]
+    out = np.empty((*matrix.shape[:-2], len(rows), len(cols)), dtype=matrix.dtype)
     for at_rows, src_rows in row_runs:
         for at_cols, src_cols in col_runs:
-            out[at_rows, at_cols] = matrix[src_rows, src_cols]
+            out[..., at_rows, at_cols] = matrix[..., src_rows, src_cols]
     return out
 
 
@@ -1293,13 +1294,8 @@ def bootstrap_r2_samples(
     zcols, ucols = cols[:p], cols[p:]
 
     def gather(cross_k, rows, columns):
-        """(B, len(rows) · len(columns)) of cross_k (B, W, W), copied one pair of contiguous runs
-        (model blocks) at a time: a fancy-index gather of (B, W, W) is several times slower."""
-        out = np.empty((n_blocks, len(rows), len(columns)))
-        for to_i, from_i in _runs(rows):
-            for to_j, from_j in _runs(columns):
-                out[:, to_i, to_j] = cross_k[:, from_i, from_j]
-        return out.reshape(n_blocks, -1)
+        """(B, len(rows) · len(columns)) of cross_k (B, W, W), copied model block by model block."""
+        return np.ascontiguousarray(_sub(cross_k, rows, columns, max_runs=np.inf)).reshape(n_blocks, -1)
 
     def sliced(s):
         # only what a fit and its score use: C_zz, C_zu and the diagonal of C_uu (for tr S_uu),
