@@ -303,6 +303,7 @@ def test_scatter_blocks_without_the_centred_scatter():
     full = moments.scatter_block("val", everything, everything)
     np.testing.assert_array_equal(full, full.T)
     np.testing.assert_array_equal(moments.scatter_diagonal("val"), np.diagonal(full))
+    r, c = moments.columns(["a", "c"]), moments.columns(["a", "b", "c"])
     np.testing.assert_array_equal(moments.scatter_block("val", r, c), full[np.ix_(r, c)])
 
 

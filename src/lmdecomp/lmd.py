@@ -657,8 +657,8 @@ def _targets_r2(moments: Moments, split: str, basis_cols: np.ndarray, targets: S
                 weight_t: np.ndarray, bias: np.ndarray,
                 train_penalty: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """R² on ``split`` of several targets fitted on one basis at once: ``weight_t`` (p × Q) holds
-    each target's Wᵀ side by side in ``targets`` order, ``bias`` (Q,); the formula of
-    :func:`r_squared` summed per target block.
+    each target's Wᵀ side by side in ``targets`` order, ``bias`` (Q,); R² of the module doc,
+    pooled per target block (:func:`r_squared` is its one-target case).
 
     The scatter S = C − n μμᵀ is never formed: with w a row of W and a = w·μ_z,
     Σ_j w_j S_uj = w·C_uz − n μ_u a and w S_zz wᵀ = w C_zz wᵀ − n a².
@@ -708,7 +708,7 @@ def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], 
     n, mean = moments.count("train"), moments.mean("train")
     _check_moments_basis(moments, basis, zi)
     s_zz, s_zt = moments.scatter_block("train", zi, zi), moments.scatter_block("train", zi, ti)
-    diagonal = np.diagonal(s_zz).copy()
+    diagonal, raw_diagonal = np.diagonal(s_zz).copy(), np.diagonal(moments.cross["train"])[zi]
     val = np.full((len(grid), len(targets)), np.nan)
     best: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}  # target → (val R², α, W, b)
     what = f"fit of {list(targets)} on {list(basis)}"
@@ -719,7 +719,7 @@ def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], 
             continue
         penalty = ridge_penalty(diagonal, _dims_of(moments, basis), alpha_a)
         try:
-            weight_t = _ridge_solve(s_zz.copy(), penalty, s_zt, what, np.diagonal(moments.cross["train"])[zi])
+            weight_t = _ridge_solve(s_zz.copy(), penalty, s_zt, what, raw_diagonal)
         except LMDError:
             if strict:
                 raise
@@ -809,12 +809,11 @@ def _ridge_inverse(moments: Moments, penalty: np.ndarray, band: int = 64) -> np.
     # a is C-ordered and symmetric, so its transpose is the same matrix in Fortran order: LAPACK
     # works on it in place, and the triangle it fills is the lower one of ``a``.
     factor, info = dpotrf(a.T, lower=0, clean=0, overwrite_a=1)
-    if info != 0:
-        raise LMDError("the joint covariance plus ridge is not positive definite")
-    if not np.any(penalty):
+    if info == 0 and not np.any(penalty):
         _check_pivots(np.diagonal(factor), np.diagonal(cross), "the joint covariance",
                       [f"{name}[{k}]" for name, dim in zip(moments.names, moments.dims) for k in range(dim)])
-    inverse, info = dpotri(factor, lower=0, overwrite_c=1)
+    if info == 0:
+        inverse, info = dpotri(factor, lower=0, overwrite_c=1)
     if info != 0:
         raise LMDError("the joint covariance plus ridge is not positive definite")
     out = inverse.T
