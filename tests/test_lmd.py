@@ -505,6 +505,31 @@ def test_fits_need_at_least_two_models_and_a_basis():
         lmd.fit_ridge(m, "a", "b", 0.1)
 
 
+def test_malformed_calls_get_errors_that_say_what_to_pass():
+    """Before, these were a KeyError, a raw BLAS/broadcast error after n had already grown, a
+    1-D row counted as three rows, a TypeError, an IndexError and a silent empty table."""
+    m, bm = _three_models()
+    before = m.n["train"], m.sums["train"].copy()
+    for rows in (np.ones(12), np.ones((5, 11))):  # one row as a vector; one column short
+        with pytest.raises(lmd.LMDError, match=r"must be a \(rows × 12\) array"):
+            m.update("train", rows)
+    assert m.n["train"] == before[0] and np.array_equal(m.sums["train"], before[1])  # left untouched
+    fit = lmd.fit_ridge(m, ["a"], "b", 0.1)
+    unknown = r"unknown split 'dev'; the splits are \['train', 'val', 'test'\]"
+    for call in (lambda: m.update("dev", np.ones((2, 12))), lambda: lmd.r_squared(m, fit, "dev"),
+                 lambda: lmd.bootstrap_r2_samples(bm, ["a"], "b", 0.1, n_boot=5, split=["val", "dev"])):
+        with pytest.raises(lmd.LMDError, match=unknown):
+            call()
+    with pytest.raises(lmd.LMDError, match="n_boot must be at least 1"):
+        lmd.bootstrap_r2(bm, ["a"], "b", 0.1, n_boot=0)
+    with pytest.raises(lmd.LMDError, match="select_alpha chooses among a grid"):
+        lmd.select_alpha(m, ["a"], "b", 0.1)
+    with pytest.raises(lmd.LMDError, match="max_k must be at least 1"):
+        lmd.greedy_selection(m, "b", 0.1, max_k=0)
+    with pytest.raises(lmd.LMDError, match=r"2 model names \['a', 'b'\] but the widths \[3\]"):
+        lmd.Moments(["a", "b"], [3])
+
+
 def test_unknown_model_names_are_listed():
     from lmdecomp import similarity
 
@@ -545,6 +570,29 @@ def test_a_constant_basis_model_is_named(const):
     w, b = ridge_reference(z[train], u[train], 0.01)
     # C − nμμᵀ cancels mean²/var = 1e10 here: ~eps·1e10 relative error left, hence the rtol
     np.testing.assert_allclose(fit.weight, w, rtol=1e-4)
+
+
+def test_a_target_constant_on_a_held_out_split_is_refused():
+    """A target identical on every val row has tr S_uu = 0, but C − nμμᵀ leaves rounding noise
+    that is positive for about half the constants; R² = 1 − SSE/noise was then −1e17. Every
+    entry point that scores val must refuse it, whatever the constant's rounding."""
+    rng = np.random.default_rng(33)
+    n, k = 200, 27
+    split = np.array(["train"] * (n - 2 * k) + ["val"] * k + ["test"] * k, dtype=object)
+    z = rng.normal(size=(n, 3))
+    positive_noise = 0
+    for const in (0.0, 0.1, 3.7e4, 0.42659544944763184):  # the last one's rounding is positive here
+        u = z @ rng.normal(size=(3, 1)) + 0.1 * rng.normal(size=(n, 1))
+        u[split == "val"] = const
+        m = moments_of([z, u], ["z", "u"], split)
+        positive_noise += m.scatter_diagonal("val")[3:].sum() > 0
+        fit = lmd.fit_ridge(m, ["z"], "u", 0.1)
+        assert np.isfinite(lmd.r_squared(m, fit, "test"))  # test rows vary: scored as usual
+        for call in (lambda: lmd.r_squared(m, fit, "val"), lambda: lmd.fit_targets(m, ["z"], ["u"], [0.1, 1.0]),
+                     lambda: lmd.fit_leave_one_out(m, 0.1)):
+            with pytest.raises(lmd.LMDError, match="target 'u' has zero variance on the val split"):
+                call()
+    assert positive_noise > 0  # the case the old exact test (tr S ≤ 0) let through
 
 
 def test_different_shard_layouts_name_the_first_differing_shard(tmp_path):

@@ -169,6 +169,11 @@ def _symmetrise_from_lower(a: np.ndarray, block: int = 512) -> None:
         tile[upper] = tile.T[upper]
 
 
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise LMDError(f"unknown split {split!r}; the splits are {list(SPLITS)}")
+
+
 @dataclass
 class Moments:
     """Joint float64 moments (count, sum, cross-product) of several models' embeddings per split."""
@@ -181,6 +186,9 @@ class Moments:
     info: dict = field(default_factory=dict)  # provenance, e.g. words kept and dropped by alignment
 
     def __post_init__(self) -> None:
+        if len(self.names) != len(self.dims):
+            raise LMDError(f"{len(self.names)} model names {list(self.names)} but the widths "
+                           f"{list(self.dims)}: give one width per model")
         width = sum(self.dims)
         for split in SPLITS:
             self.n.setdefault(split, 0)
@@ -202,7 +210,11 @@ class Moments:
 
     def _add(self, split: str, x: np.ndarray) -> None:
         """Add rows to n, the sums and the lower triangle of the cross-product only."""
+        _check_split(split)
         x = np.ascontiguousarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.width:
+            raise LMDError(f"rows to add must be a (rows × {self.width}) array, the joint width of "
+                           f"{self.names}; got shape {x.shape}")
         self.n[split] += x.shape[0]
         self.sums[split] += x.sum(axis=0)
         _syrk_lower(self.cross[split], x)
@@ -218,6 +230,7 @@ class Moments:
 
     def count(self, split: str) -> int:
         """The split's row count n; an error if the split is empty (nothing to fit or score)."""
+        _check_split(split)
         n = self.n[split]
         if n == 0:
             raise LMDError(f"the {split} split is empty: no rows to fit or score")
@@ -644,12 +657,21 @@ def _sub(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray, max_runs: int =
     return out
 
 
-def _sst(diagonal: np.ndarray, targets: Sequence[str], cols: np.ndarray, starts: np.ndarray, split: str) -> np.ndarray:
-    """Per target, tr S_uu from the scatter's ``diagonal``; an error for a constant target."""
+def _sst(moments: Moments, split: str, targets: Sequence[str], cols: np.ndarray, starts: np.ndarray,
+         diagonal: np.ndarray | None = None) -> np.ndarray:
+    """Per target, tr S_uu on ``split`` (``diagonal``: the split's diag S, if already at hand); an
+    error for a target constant there. A constant leaves rounding noise in C − n μμᵀ that is
+    positive about half the time, so the test is relative, as for a basis (``_CONSTANT_RTOL``):
+    tr S_uu ≤ _CONSTANT_RTOL · tr C_uu. Dividing by that noise gave R² of −1e17."""
+    if diagonal is None:
+        diagonal = moments.scatter_diagonal(split)
     sst = np.add.reduceat(diagonal[cols], starts)
-    for name, value in zip(targets, sst):
-        if value <= 0:
-            raise LMDError(f"target {name!r} has zero variance on the {split} split")
+    square = np.add.reduceat(np.diagonal(moments.cross[split])[cols], starts)
+    for name, value, raw in zip(targets, sst, square):
+        if not value > _CONSTANT_RTOL * raw:  # also catches NaN
+            raise LMDError(f"target {name!r} has zero variance on the {split} split (tr S = {value:.3g}, "
+                           f"{_CONSTANT_RTOL:g} of its Σx² at most): R² is undefined; check that split's "
+                           "embeddings, or drop the model from models:")
     return sst
 
 
@@ -670,7 +692,7 @@ def _targets_r2(moments: Moments, split: str, basis_cols: np.ndarray, targets: S
     starts = np.cumsum([0, *_dims_of(moments, targets)])[:-1]
     n, mean, cross = moments.count(split), moments.mean(split), moments.cross[split]
     diagonal = moments.scatter_diagonal(split)
-    sst = _sst(diagonal, targets, cols, starts, split)
+    sst = _sst(moments, split, targets, cols, starts, diagonal)
     # Row-wise (Q × p) in C order throughout: a LAPACK solve returns Wᵀ in Fortran order, so its
     # transpose W is C-ordered for free, and C_uz is a copy of whole model blocks of C.
     # Elementwise products across mismatched layouts run several times slower.
@@ -750,6 +772,9 @@ def select_alpha(
     """The α of the grid with the highest val R² (first in grid order on ties), refitted with
     :func:`fit_ridge` so the returned fit equals the fixed-α fit of that α exactly; and the
     table ``[{"alpha": α, "val_r2": R²}, …]`` in grid order (R² NaN where α is ill-posed)."""
+    if isinstance(alphas, (numbers.Real, str)):
+        raise LMDError(f"select_alpha chooses among a grid of α; got the single value {alphas!r}: "
+                       "pass a list, or use fit_ridge for one α")
     grid = _alpha_grid(list(alphas))
     fit, table = fit_targets(moments, basis, [target], grid, warn_edge=warn_edge)[target]
     return fit_ridge(moments, basis, target, fit.alpha), table
@@ -948,7 +973,7 @@ def _residual_r2(moments: Moments, split: str, target: str, block: slice, residu
     itself (S = C − n μμᵀ is never formed): Σ_rows r S rᵀ = Σ r C rᵀ − n ‖Rᵀμ‖²."""
     n, mean = moments.count(split), moments.mean(split)
     target_cols = np.arange(block.start, block.stop)
-    sst = _sst(moments.scatter_diagonal(split), [target], target_cols, np.array([0]), split)[0]
+    sst = _sst(moments, split, [target], target_cols, np.array([0]))[0]
     if train_penalty is not None:
         if split != "train":
             raise LMDError("internal: the penalty shortcut holds on the train split only")
@@ -1277,6 +1302,10 @@ def bootstrap_r2_samples(
     if not isinstance(blocks, BlockMoments):
         blocks = BlockMoments.from_moments(list(blocks))
     splits = [split] if isinstance(split, str) else list(split)
+    for s in splits:
+        _check_split(s)
+    if n_boot < 1:
+        raise LMDError(f"n_boot must be at least 1 (got {n_boot}); set lmd.bootstrap to 0 for no intervals")
     cols = np.concatenate([blocks.columns(basis), blocks.columns([target])])
     p, w = len(blocks.columns(basis)), len(cols)
     basis_dims = [blocks.dims[blocks.names.index(b)] for b in basis]
@@ -1422,6 +1451,8 @@ def greedy_selection(
         raise LMDError(f"unknown target {target!r}; models are {moments.names}")
     _alpha_grid(alpha)
     _check_two_models(moments.names, "greedy basis selection")
+    if max_k is not None and max_k < 1:
+        raise LMDError(f"max_k must be at least 1 basis model (got {max_k}); None selects up to all of them")
     steps = len(candidates) if max_k is None else min(int(max_k), len(candidates))
     selected: list[str] = []
     rows = []
