@@ -179,6 +179,55 @@ def test_a_killed_jobs_work_folder_is_resumed_only_with_the_same_weights(tiny_mo
     assert new["part-00000.parquet"] != old["part-00000.parquet"]
 
 
+def test_resume_skips_damaged_shards_half_written_files_and_other_thread_counts(tiny_model_dir, sequences,
+                                                                               tmp_path):
+    """What a killed job can leave besides finished shards: the temporary of the shard it was
+    writing (SIGKILL skips the cleanup), a shard damaged since (its bytes still parse, into
+    wrong numbers), and shards computed with another thread count (other rounding)."""
+    import shutil
+
+    ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
+    out, work, fresh = tmp_path / "emb", tmp_path / ".emb.partial", tmp_path / "fresh"
+    embed.embed_model(ref, sequences, fresh, cfg(), progress=False)
+    expected = {p.name: p.read_bytes() for p in fresh.iterdir()}
+    assert embed.FINISHED in expected  # the journal of finished shards travels with them
+
+    def killed_work_folder(threads=1):
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+        embed.embed_model(ref, sequences, work, cfg(threads=threads), progress=False)
+        for name in ("part-00002.parquet", shards.MANIFEST):
+            (work / name).unlink()
+        (work / ".part-00002.parquet.k1ll3d.tmp").write_bytes(b"PAR1 half a shard")
+
+    killed_work_folder()
+    data = bytearray((work / "part-00000.parquet").read_bytes())
+    data[len(data) // 3] ^= 0x10  # one bit in the compressed vectors
+    (work / "part-00000.parquet").write_bytes(bytes(data))
+    inode = (work / "part-00001.parquet").stat().st_ino
+    embed.embed_model(ref, sequences, out, cfg(), progress=False, work_dir=work)
+    assert (out / "part-00001.parquet").stat().st_ino == inode  # the intact shard was resumed
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == expected  # the rest recomputed, no .tmp
+
+    killed_work_folder(threads=2)
+    assert json.loads((work / embed.PLAN).read_text())["threads"] == 2
+    # stand in for 2 threads' rounding (this tiny model may round alike on 1 and 2): a whole,
+    # recorded shard that differs from what 1 thread writes; the plan alone must reject it
+    shard = shards.read_shard(work / "part-00001.parquet")
+    shards.write_shard(work / "part-00001.parquet", shard.seq_id, list(shard.split), shard.embedding * 2, 2)
+    finished = json.loads((work / embed.FINISHED).read_text())
+    finished["part-00001.parquet"] = shards.shard_entry(work, "part-00001.parquet", 0)["sha256"]
+    (work / embed.FINISHED).write_text(json.dumps(finished))
+    embed.embed_model(ref, sequences, out, cfg(threads=1), progress=False, work_dir=work)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == expected
+
+
+def test_an_unknown_dtype_is_refused(tiny_model_dir, sequences, tmp_path):
+    ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
+    with pytest.raises(embed.EmbedError, match=r"embed.dtype is 'float16'; choose one of \('float32', 'bfloat16'\)"):
+        embed.embed_model(ref, sequences, tmp_path / "e", cfg(dtype="float16"), progress=False)
+
+
 def test_weights_other_than_the_model_stage_recorded_are_refused(tiny_model_dir, sequences, tmp_path):
     ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
     recorded = models.prepare_model({"name": "tiny", "path": str(tiny_model_dir)}, tmp_path / "m")["weights_sha256"]

@@ -63,7 +63,9 @@ TOKENIZERS = {"wordpiece": wordpiece, "bpe": byte_bpe, "unigram": unigram}
 
 def groups(spans, encoding, keep: int | None = None):
     offsets = encoding.offsets[:keep]
-    word, token = words.token_word_pairs(spans, offsets, truncated=keep is not None)
+    # truncation cut the text where the first token it dropped starts
+    cut_at = None if keep is None else next(a for a, b in encoding.offsets[keep:] if b > a)
+    word, token = words.token_word_pairs(spans, offsets, cut_at)
     out = [[] for _ in spans]
     for w, t in zip(word, token):
         out[w].append(encoding.tokens[t])
@@ -98,10 +100,21 @@ def test_words_a_truncation_cuts_are_dropped_whole(kind, keep, covered):
     assert got[covered:] == [[] for _ in WORDS[covered:]]
 
 
+def test_a_cut_between_the_bytes_of_a_words_last_character_drops_the_word():
+    """Byte-level BPE gives both byte tokens of "ï" the character's span: cut between them, the
+    kept "Ã" ends where "naï" ends, yet the word lost a token."""
+    text = "naï is"
+    encoding = byte_bpe().encode(text)
+    assert encoding.tokens[:4] == ["n", "a", "Ã", "¯"] and encoding.offsets[2] == encoding.offsets[3] == (2, 3)
+    spans = words.word_spans(text)
+    assert groups(spans, encoding, keep=3) == [[], []]  # naï cut into; "is" cut off
+    assert groups(spans, encoding, keep=4) == [["n", "a", "Ã", "¯"], []]
+
+
 def test_special_tokens_and_empty_texts_give_no_pairs():
-    word, token = words.token_word_pairs(words.word_spans("hi"), [(0, 0), (0, 0)], truncated=False)
+    word, token = words.token_word_pairs(words.word_spans("hi"), [(0, 0), (0, 0)], None)
     assert len(word) == len(token) == 0
-    word, token = words.token_word_pairs(words.word_spans(""), [(0, 0)], truncated=False)
+    word, token = words.token_word_pairs(words.word_spans(""), [(0, 0)], None)
     assert len(word) == 0
 
 
@@ -141,6 +154,18 @@ def sentences(tmp_path):
                            np.arange(len(SENTENCES)) * 3)
 
 
+def reference_cut(folder, text: str, max_length: int) -> int | None:
+    """The character where truncation at ``max_length`` cut ``text``: the start of the first
+    real token that the untruncated tokenisation has beyond the truncated one's; None if whole."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    real = [[(a, b) for a, b in tok(text, truncation=cut, max_length=max_length,
+                                     return_offsets_mapping=True)["offset_mapping"] if b > a] for cut in (False, True)]
+    whole, kept = real
+    return whole[len(kept)][0] if len(whole) > len(kept) else None
+
+
 def reference_words(folder, text: str, layer: int, max_length: int) -> dict[int, np.ndarray]:
     """Word vectors of one sentence by an explicit loop: unbatched forward pass, then for every
     word the mean of the tokens whose character span overlaps it, if the word is complete."""
@@ -149,13 +174,12 @@ def reference_words(folder, text: str, layer: int, max_length: int) -> dict[int,
     tok, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
     enc = tok(text, truncation=True, max_length=max_length, return_offsets_mapping=True, return_tensors="pt")
     offsets = enc.pop("offset_mapping")[0].tolist()
-    was_cut = len(tok(text)["input_ids"]) > max_length
+    cut_at = reference_cut(folder, text, max_length)
     with torch.no_grad():
         h = model(**enc, output_hidden_states=True).hidden_states[layer][0].double().numpy()
-    last_end = max(b for a, b in offsets if b > a)
     out = {}
     for w, (start, end) in enumerate(words.word_spans(text).tolist()):
-        if was_cut and end > last_end:
+        if cut_at is not None and end > cut_at:
             continue
         members = [t for t, (a, b) in enumerate(offsets) if b > a and max(a, start) < min(b, end)]
         if members:
@@ -191,7 +215,10 @@ def test_word_rows_match_an_explicit_loop_and_align_across_tokenizers(tiny_model
         assert set(got) == expected_keys[name]
         n_words = sum(len(words.word_spans(t)) for t in SENTENCES)
         assert manifest["words"] == n_words
-        assert manifest["words_truncated"] == n_words - len(expected_keys[name]) > 0
+        cuts = [reference_cut(folder, text, limits[name]) for text in SENTENCES]
+        n_cut = sum(c is not None and int(end > c) for t, c in zip(SENTENCES, cuts) for _, end in words.word_spans(t))
+        assert manifest["words_truncated"] == n_cut > 0
+        assert manifest["words_without_tokens"] == n_words - len(expected_keys[name]) - n_cut
         assert manifest["layers"] == [0, 2] and manifest["granularity"] == "word"
 
     # LMD keeps the words both models have, and says how many it dropped.
@@ -251,6 +278,22 @@ def test_windows_give_every_word_a_row_even_across_a_window_boundary(tiny_model_
     for i, text in enumerate(SENTENCES):
         for w, vec in reference_window_words(tiny_model_dir, text, 7).items():
             np.testing.assert_allclose(got[3 * i, w], vec, atol=3e-5)
+
+
+def test_words_the_normaliser_deletes_are_counted_apart_from_truncated_ones(tiny_model_dir, tmp_path):
+    """BERT's normaliser deletes a NUL and a zero-width space: the pre-tokenizer still makes
+    words of them, no token covers them, and nothing was truncated."""
+    ref = lmd_models.resolve({"name": "t", "path": str(tiny_model_dir)})
+    text = "A \x00 B \u200b C"
+    spans = words.word_spans(text)
+    assert [text[a:b] for a, b in spans] == ["A", "\x00", "B", "\u200b", "C"]
+    seqs = write_sequences(tmp_path / "s.parquet", [text], ["train"], np.arange(1))
+    cfg = {"layer": -1, "granularity": "word", "pooling": "mean", "max_length": 64, "batch_tokens": 64,
+           "shard_rows": 2, "threads": 1, "device": "cpu", "dtype": "float32", "overflow": "truncate"}
+    manifest = embed.embed_model(ref, seqs, tmp_path / "w", cfg, progress=False)
+    kept = [int(w) for p in shards.iter_shards(tmp_path / "w") for w in p.word_idx]
+    assert kept == [0, 2, 4] and manifest["truncated_sequences"] == 0
+    assert (manifest["words"], manifest["words_truncated"], manifest["words_without_tokens"]) == (5, 0, 2)
 
 
 def test_word_granularity_needs_mean_pooling(tiny_model_dir, sentences, tmp_path):

@@ -309,7 +309,8 @@ def test_word_granularity_runs_lmd_on_words_shared_by_every_tokenizer(repo_root,
         assert manifest["granularity"] == "word" and manifest["sequences"] == seqs.num_rows
         parts = list(shards.iter_shards(work / "results/embeddings" / name))
         keys[name] = {(s, w) for p in parts for s, w in zip(p.seq_id.tolist(), p.word_idx.tolist())}
-        assert manifest["rows"] == len(keys[name]) == manifest["words"] - manifest["words_truncated"]
+        assert manifest["rows"] == len(keys[name]) == (manifest["words"] - manifest["words_truncated"]
+                                                       - manifest["words_without_tokens"])
     n_words = manifests["minilm"]["words"]
     assert len({m["words"] for m in manifests.values()}) == 1 and n_words > seqs.num_rows
     # zoo-tiny reads 32 tokens at a time, the others 64; with overflow: windows (the default)

@@ -31,6 +31,12 @@ def stale_temps(path: str | os.PathLike) -> list[Path]:
     return sorted(path.parent.glob(pattern))
 
 
+def stale_temps_in(folder: str | os.PathLike) -> list[Path]:
+    """The temporaries left in ``folder`` by killed writes of any of its files (see
+    :func:`stale_temps`), e.g. a shard whose target never appeared."""
+    return sorted(Path(folder).glob(_tmp_prefix(Path("*")) + "*" + _TMP_SUFFIX))  # .{name}.{random}.tmp
+
+
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

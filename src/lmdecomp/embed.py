@@ -34,6 +34,7 @@ layer-wise LMD. They come from the same forward pass, so they cost only the pool
 
 from __future__ import annotations
 
+import hashlib
 import json
 from contextlib import nullcontext
 from pathlib import Path
@@ -46,14 +47,16 @@ import torch
 from tqdm.auto import tqdm
 
 from . import shards, words
-from .atomic import replace_dir, write_text
+from .atomic import replace_dir, stale_temps_in, write_text
 from .attention import use_blocked_attention
 from .models import ModelRef, weights_sha256
 
 POOLINGS = ("mean", "padded_mean", "cls")
 GRANULARITIES = ("sequence", "word")
 OVERFLOWS = ("windows", "truncate")
+DTYPES = ("float32", "bfloat16")
 PLAN = ".plan.json"
+FINISHED = ".finished.json"  # {shard file: sha256} of the shards written so far under PLAN
 
 
 class EmbedError(ValueError):
@@ -110,7 +113,7 @@ class WordPooler:
     """One row per covered word of each text: the mean of the states of the word's tokens, over
     all the text's pieces (a word cut by a window boundary collects tokens from both windows)."""
 
-    def __init__(self, spans: list[np.ndarray], offsets: list, cut: list[bool], stored: tuple[int, ...],
+    def __init__(self, spans: list[np.ndarray], offsets: list, cut: list[int | None], stored: tuple[int, ...],
                  device: torch.device):
         self.spans, self.offsets, self.cut, self.stored, self.device = spans, offsets, cut, stored, device
         self.sums: list[dict[int, torch.Tensor]] = [{} for _ in spans]
@@ -189,6 +192,12 @@ def truncated_rows(tokenizer, texts: list[str], encoded, max_length: int) -> lis
     return [len(ids) > max_length for ids in full]
 
 
+def cut_points(encoded) -> list[int | None]:
+    """Per text of ``encoded`` (a fast tokenizer's, truncated at ``max_length``), the character
+    where truncation cut it (:func:`lmdecomp.words.cut_point`), or None when it kept it whole."""
+    return [words.cut_point(e.overflowing[0].offsets) if e.overflowing else None for e in encoded.encodings]
+
+
 def model_max_length(model, tokenizer, wanted: int) -> int:
     limits = [wanted]
     if 0 < getattr(tokenizer, "model_max_length", 0) < 100_000:
@@ -218,8 +227,10 @@ def _iter_chunks(sequences: Path, rows: int) -> Iterator[pa.Table]:
 
 
 def _plan(ref: ModelRef, cfg: Mapping[str, Any], max_length: int, sequences: Path, attention: str,
-          overflow: str, weights: str) -> dict[str, Any]:
-    """Everything a shard's bytes depend on: shards of another plan are not resumed."""
+          overflow: str, weights: str, device: torch.device) -> dict[str, Any]:
+    """Everything a shard's bytes depend on: shards of another plan are not resumed. That
+    includes the device and the thread count (the reduction order of the matmuls: 1 and 2
+    threads differ by ~5e-7), so ``device: auto`` never mixes CPU and GPU shards."""
     from .atomic import sha256_file
 
     return {
@@ -237,6 +248,8 @@ def _plan(ref: ModelRef, cfg: Mapping[str, Any], max_length: int, sequences: Pat
         "dtype": cfg.get("dtype", "float32"),
         "attention": attention,
         "sequences_sha256": sha256_file(sequences),
+        "device": str(device),
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
     }
 
 
@@ -267,6 +280,8 @@ def embed_model(
         torch.set_num_threads(threads)
     device = pick_device(cfg.get("device", "auto"))
     dtype = cfg.get("dtype", "float32")
+    if dtype not in DTYPES:
+        raise EmbedError(f"embed.dtype is {dtype!r}; choose one of {DTYPES} (float32 is the reproducible default)")
 
     granularity = cfg.get("granularity", "sequence")
     if granularity not in GRANULARITIES:
@@ -303,21 +318,24 @@ def embed_model(
             f"model {ref.name!r}: its weights (sha256 {weights[:12]}…) are not the ones the model stage recorded "
             f"({expected_weights[:12]}…); its source changed since (a new package version, edited files): "
             f"rerun the model stage (snakemake --forcerun model) or restore the source")
-    plan = _plan(ref, cfg, max_length, sequences, attention, overflow, weights)
+    plan = _plan(ref, cfg, max_length, sequences, attention, overflow, weights, device)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    plan_path = out_dir / PLAN
+    for temp in stale_temps_in(out_dir):  # a killed job's half-written files (SIGKILL skips cleanup)
+        temp.unlink()
+    plan_path, finished_path = out_dir / PLAN, out_dir / FINISHED
     if not plan_path.is_file() or json.loads(plan_path.read_text()) != plan:
         # Shards left by a different plan are not resumable: start clean.
         for stale in out_dir.glob("part-*.parquet"):
             stale.unlink()
-        (out_dir / shards.MANIFEST).unlink(missing_ok=True)
+        finished_path.unlink(missing_ok=True)
         write_text(plan_path, json.dumps(plan, indent=2, sort_keys=True))
     (out_dir / shards.MANIFEST).unlink(missing_ok=True)
+    finished = json.loads(finished_path.read_text()) if finished_path.is_file() else {}
 
     total_rows = pq.ParquetFile(sequences).metadata.num_rows
     bar = tqdm(total=total_rows, desc=f"embed {ref.name}", unit="seq", disable=not progress)
-    entries, tokens, truncated, windowed, n_words, dim = [], 0, 0, 0, 0, None
+    entries, tokens, truncated, windowed, n_words, words_cut, dim = [], 0, 0, 0, 0, 0, None
     split_counts: dict[str, int] = {}
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     for index, chunk in enumerate(_iter_chunks(sequences, int(cfg["shard_rows"]))):
@@ -332,20 +350,23 @@ def embed_model(
                             return_offsets_mapping=granularity == "word", return_overflowing_tokens=windows)
         if windows:
             owner = np.asarray(encoded.pop("overflow_to_sample_mapping"), dtype=np.int64)
-            cut = [False] * len(owner)
+            cut_at = [None] * len(owner)
             windowed += int(np.sum(np.bincount(owner, minlength=len(texts)) > 1))
         else:
             owner = np.arange(len(texts))
             cut = truncated_rows(tokenizer, texts, encoded, max_length)
             truncated += sum(cut)
+            cut_at = cut_points(encoded) if granularity == "word" else None
         lengths = np.array([len(ids) for ids in encoded["input_ids"]])
         tokens += int(lengths.sum())
         spans = [words.word_spans(t) for t in texts] if granularity == "word" else None
         if spans is not None:
             n_words += sum(len(s) for s in spans)
+            if not windows:  # (windows cut no word off: a word split by a window boundary keeps both parts)
+                words_cut += sum(int(words.words_cut_off(s, c).sum()) for s, c in zip(spans, cut_at))
         name = shards.shard_name(index)
         path = out_dir / name
-        existing = _reusable(path, seq_ids)
+        existing = _reusable(path, seq_ids, finished.get(name))
         if existing is not None:
             dim = existing.embedding.shape[1]
             entries.append(shards.shard_entry(out_dir, name, len(existing.seq_id), len(seq_ids)))
@@ -353,7 +374,7 @@ def embed_model(
             continue
         pooler = (SequencePooler(len(texts), (layer, *extra_layers), pooling, max_length, device)
                   if granularity == "sequence" else
-                  WordPooler(spans, encoded["offset_mapping"], cut, (layer, *extra_layers), device))
+                  WordPooler(spans, encoded["offset_mapping"], cut_at, (layer, *extra_layers), device))
         pieces_left = np.bincount(owner, minlength=len(texts))
         with torch.inference_mode(), amp:
             for rows in token_budget_batches(lengths, int(cfg["batch_tokens"])):
@@ -379,6 +400,8 @@ def embed_model(
             hidden={k: columns[k] for k in extra_layers},
         )
         entries.append(shards.shard_entry(out_dir, name, len(row_seq), len(seq_ids)))
+        finished[name] = entries[-1]["sha256"]
+        write_text(finished_path, json.dumps(finished, indent=2, sort_keys=True))
     bar.close()
     if not entries:
         raise EmbedError(f"{sequences} holds no sequences")
@@ -410,20 +433,25 @@ def embed_model(
     }
     if granularity == "word":
         manifest["words"] = int(n_words)
-        manifest["words_truncated"] = int(n_words - rows)
+        manifest["words_truncated"] = int(words_cut)  # cut into or off by truncation at max_length
+        manifest["words_without_tokens"] = int(n_words - rows - words_cut)  # e.g. characters the normaliser deletes
     shards.write_manifest(out_dir, manifest)
     if out_dir != final_dir:
         replace_dir(out_dir, final_dir)
     return manifest
 
 
-def _reusable(path: Path, seq_ids: np.ndarray) -> shards.Shard | None:
-    """A shard from an earlier run of the same plan, if it reads back whole and holds rows of
-    exactly this chunk's sequences (every one of them, for sequence rows)."""
-    if not path.is_file():
+def _reusable(path: Path, seq_ids: np.ndarray, sha256: str | None) -> shards.Shard | None:
+    """A shard from an earlier run of the same plan, if its bytes are the ones that run recorded
+    (``sha256``, from :data:`FINISHED`: a damaged file can still parse, into wrong numbers) and it
+    holds rows of exactly this chunk's sequences (every one of them, for sequence rows)."""
+    if sha256 is None or not path.is_file():
+        return None
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
         return None
     try:
-        existing = shards.read_shard(path)
+        existing = shards.read_shard(path, data=data)
     except (OSError, pa.ArrowException, shards.ShardError):
         return None
     ids = existing.seq_id

@@ -14,8 +14,10 @@ Special tokens have empty spans and belong to no word. The word's vector is the 
 tokens' states.
 
 A word is *covered* by a model when it has at least one token and, if the tokenizer cut the
-sequence at ``max_length``, it ends at or before the last kept token: a word whose tail was
-truncated away is dropped, not averaged over a part of it.
+sequence at ``max_length``, it ends at or before the character where the first token cut off
+starts: a word whose tail was truncated away is dropped, not averaged over a part of it. (Not
+the last kept token's end: byte-level BPE gives both bytes of "ï" the character's span, so a cut
+between them keeps a token that ends where the word does.)
 """
 
 from __future__ import annotations
@@ -34,14 +36,25 @@ def word_spans(text: str) -> np.ndarray:
     return np.asarray(spans, dtype=np.int64).reshape(-1, 2)
 
 
+def cut_point(cut_offsets: Sequence[tuple[int, int]]) -> int:
+    """The character where truncation cut a text: the start of the first real (non-special)
+    token among the ``cut_offsets`` of the tokens it cut off."""
+    return next(int(a) for a, b in cut_offsets if b > a)
+
+
+def words_cut_off(spans: np.ndarray, cut_at: int | None) -> np.ndarray:
+    """Which words truncation at character ``cut_at`` (None: not truncated) cut into or off."""
+    return np.zeros(len(spans), bool) if cut_at is None else spans[:, 1] > cut_at
+
+
 def token_word_pairs(
-    spans: np.ndarray, offsets: Sequence[tuple[int, int]], truncated: bool
+    spans: np.ndarray, offsets: Sequence[tuple[int, int]], cut_at: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(word index, token index) pairs of the covered words of one sequence (see module doc).
 
     ``offsets`` are the tokenizer's (start, end) character spans of the kept tokens, special
-    tokens included with empty spans; ``truncated`` says whether the tokenizer cut tokens off
-    the end. Pairs are sorted by word, then token.
+    tokens included with empty spans; ``cut_at`` is the :func:`cut_point` of a truncated text
+    and None for a whole one. Pairs are sorted by word, then token.
     """
     off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     real = off[:, 1] > off[:, 0]
@@ -50,9 +63,7 @@ def token_word_pairs(
     starts = np.maximum(spans[:, None, 0], off[None, :, 0])
     ends = np.minimum(spans[:, None, 1], off[None, :, 1])
     overlap = (starts < ends) & real[None, :]
-    covered = overlap.any(axis=1)
-    if truncated:
-        covered &= spans[:, 1] <= off[real, 1].max()
+    covered = overlap.any(axis=1) & ~words_cut_off(spans, cut_at)
     overlap &= covered[:, None]
     word, token = np.nonzero(overlap)
     return word.astype(np.int64), token.astype(np.int64)
