@@ -153,16 +153,19 @@ def test_shared_central_fit_never_gets_worse_with_more_iterations():
     assert max(errors) < 1e-12
 
 
-def test_growth_preserves_the_function_and_closes_the_copies():
-    shallow, _ = mpobert.build(small_bert(), mpobert.MPOBertConfig(num_layers=2, bond=4))
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_growth_preserves_the_function_and_closes_the_copies(dtype, tol):
+    shallow, _ = mpobert.build(small_bert().to(dtype), mpobert.MPOBertConfig(num_layers=2, bond=4))
+    assert {p.dtype for p in shallow.parameters()} == {dtype}
     with torch.no_grad():
         for p in mpobert.adapter_parameters(shallow):
             p.add_(0.05)  # non-trivial adapters must be copied too
     deep = mpobert.grow(shallow, 8)
+    assert {p.dtype for p in deep.parameters()} == {dtype}
     gates = [float(layer.gate.detach()) for layer in deep.bert.encoder.layer]
     assert gates == [1, 0, 0, 0, 1, 0, 0, 0]
     ids, mask = random_batch()
-    torch.testing.assert_close(logits(deep, ids, mask), logits(shallow, ids, mask), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits(deep, ids, mask), logits(shallow, ids, mask), rtol=tol, atol=tol)
     assert mpobert.parameter_report(deep)["shared_central"] == mpobert.parameter_report(shallow)["shared_central"]
 
 

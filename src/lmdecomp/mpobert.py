@@ -409,7 +409,7 @@ def build(base: nn.Module, cfg: MPOBertConfig, seed: int = 0) -> tuple[nn.Module
     torch.manual_seed(seed)
     config = copy.deepcopy(base.config)
     config.num_hidden_layers = cfg.num_layers
-    model = type(base)(config)
+    model = type(base)(config).to(base.dtype)  # a new model takes torch's default dtype, not the base's
     prefix = f"{base.base_model_prefix}.encoder.layer."
     outer = {k: v for k, v in base.state_dict().items() if not k.startswith(prefix)}
     missing, unexpected = model.load_state_dict(outer, strict=False)
@@ -419,13 +419,15 @@ def build(base: nn.Module, cfg: MPOBertConfig, seed: int = 0) -> tuple[nn.Module
     origins = _origins(n_base, cfg.num_layers)
     layers = _layers(model)
     if cfg.sharing == "layer":
-        mean = {k: torch.stack([bl.state_dict()[k].double() for bl in base_layers]).mean(0).float() for k in base_layers[0].state_dict()}
+        mean = {k: torch.stack([bl.state_dict()[k].double() for bl in base_layers]).mean(0).to(base.dtype)
+                for k in base_layers[0].state_dict()}
         layers[0].load_state_dict(mean)
     else:
         for k, layer in enumerate(layers):
             layer.load_state_dict(base_layers[origins[k]].state_dict())
     gates = _stable_gates(origins) if cfg.init == "stable" else [1.0] * cfg.num_layers
     _install(model, cfg, gates)
+    model.to(base.dtype)  # the MPO layers _install made
     info: dict = {"origins": origins, "gates": gates, "base_layers": n_base}
     if cfg.sharing == "central":
         info["fit_rel_error"] = _initialise_cores(model, base_layers, origins, cfg, seed)
@@ -481,6 +483,7 @@ def grow(model: nn.Module, num_layers: int) -> nn.Module:
     deep = type(model)(config)
     gates = [float(old[o].gate.detach()) if g else 0.0 for o, g in zip(origins, _stable_gates(origins))]
     _install(deep, cfg, gates)
+    deep.to(model.dtype)  # so that a float64 model grows into the same function to float64 rounding
     prefix = f"{model.base_model_prefix}.encoder.layer."
     outer = {k: v for k, v in model.state_dict().items() if not k.startswith(prefix)}
     deep.load_state_dict(outer, strict=False)
