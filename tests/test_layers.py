@@ -145,3 +145,18 @@ def test_a_basis_is_carried_as_a_list_and_one_model_is_refused(layered):
         layers.layer_columns({"y,1": folders["y"], "x": folders["x"]})
     with pytest.raises(lmd.LMDError, match="LMD needs at least two models"):
         layers.layer_lmd([c for c in cols if c.model == "x"], 0.1)
+
+
+def test_layer_curves_name_each_models_depth_not_its_stored_layers(tmp_path, monkeypatch):
+    """A 6-layer model with embed.layers [0, 3, 6] stores 3 rows: it is still 6 layers deep."""
+    import polars as pl
+
+    from lmdecomp import plots
+
+    labels = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: labels.extend(
+        t.get_text() for t in fig.axes[0].get_legend().get_texts()))
+    rows = [{"model": "six", "layer": k, "relative_depth": k / 6, "split": "test", "r2": 0.5} for k in (0, 3, 6)]
+    rows += [{"model": "two", "layer": k, "relative_depth": k / 2, "split": "test", "r2": 0.4} for k in (0, 1, 2)]
+    plots.layer_curves(pl.DataFrame(rows), tmp_path / "layers.png")
+    assert labels == ["six (6 layers)", "two (2 layers)"]

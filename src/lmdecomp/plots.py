@@ -118,7 +118,9 @@ def layer_curves(layers: pl.DataFrame, path: str | Path, split: str = "test") ->
         r = rows.filter(pl.col("model") == model).sort("relative_depth")
         colour = f"C{i % 10}"
         x = r["relative_depth"].to_numpy()
-        ax.plot(x, r["r2"].to_numpy(), marker="o", color=colour, label=f"{model} ({r.height - 1} layers)")
+        deepest = r.row(-1, named=True)  # depth = layer / layers, so layers = layer / depth
+        depth = round(deepest["layer"] / deepest["relative_depth"]) if deepest["relative_depth"] > 0 else 0
+        ax.plot(x, r["r2"].to_numpy(), marker="o", color=colour, label=f"{model} ({depth} layers)")
         if "r2_lo" in r.columns:
             ax.fill_between(x, r["r2_lo"].to_numpy(), r["r2_hi"].to_numpy(), color=colour, alpha=0.15, linewidth=0)
     ax.set_xlabel("relative depth (hidden state / layers; 0 = embedding output)")

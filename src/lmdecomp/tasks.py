@@ -9,7 +9,9 @@ Two formats, named in ``finetune.tasks`` of params.yaml:
     a CSV file with a header; ``text_column`` and ``label_column`` name the columns.
     Rows are decoded one by one: a row with undecodable (non-UTF-8) bytes, a wrong
     number of fields, an empty text or a label outside ``labels`` (when given) is
-    *garbled*: skipped and counted, never a crash.
+    *garbled*: skipped and counted, never a crash (so is an empty or undecodable file
+    of ``folders``). A quote left open swallows the rows up to the next quote, as in any
+    CSV reader: quoted fields may span lines, so no reader can tell where it should end.
 
 Exact duplicate texts (retweets, reposts) are kept once, so no text sits in two splits.
 ``max_examples`` keeps a seeded random subset. Each example goes to train/val/test by a
@@ -50,7 +52,11 @@ def _read_folders(root: Path, pattern: str, stats: dict[str, int]) -> list[tuple
         except UnicodeDecodeError:
             stats["garbled"] += 1
             continue
-        rows.append((" ".join(text.split()), path.parent.name))
+        text = " ".join(text.split())
+        if not text:  # an empty file is no example, as an empty CSV text is not
+            stats["garbled"] += 1
+            continue
+        rows.append((text, path.parent.name))
     return rows
 
 

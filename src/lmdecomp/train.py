@@ -140,6 +140,11 @@ class TrainConfig:
                 raise bad(name, "must be a positive integer")
         if self.max_length < 3:
             raise bad("max_length", "must be >= 3 (room for [CLS], [SEP] and one token)")
+        for name in ("mask_prob", "warmup_ratio", "learning_rate", "weight_decay", "adam_eps",
+                     *(["grad_clip"] if self.grad_clip is not None else [])):
+            v = getattr(self, name)  # NaN passes every comparison below as False: refuse it first
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(name, "must be a finite number")
         if not (0.0 < float(self.mask_prob) < 1.0):
             raise bad("mask_prob", "must be in (0, 1)")
         if not (0.0 <= float(self.warmup_ratio) < 1.0):

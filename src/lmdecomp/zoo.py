@@ -119,6 +119,9 @@ class Recipe:
         pos_int("intermediate_size")
         if self.hidden_size % self.num_heads:
             raise bad("num_heads", f"must divide hidden_size={self.hidden_size}")
+        if self.architecture in ("roformer", "modernbert") and (self.hidden_size // self.num_heads) % 2:
+            raise bad("num_heads", f"gives an odd head size {self.hidden_size // self.num_heads}: rotary positions "
+                                   "rotate pairs of dimensions, so hidden_size / num_heads must be even")
         if self.vocab_size < 300 and self.tokenizer == "bpe":
             raise bad("vocab_size", "byte-level BPE needs >= 300 (256 byte symbols + specials + merges)")
         if self.vocab_size < 50:
