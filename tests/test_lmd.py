@@ -343,7 +343,7 @@ def test_moments_computed_in_parts_reduce_to_the_one_pass_bits(tmp_path, per_job
     parts = [lmd.accumulate_block_moments(folders, rows_per_block=37, shard_range=(lo, min(lo + per_job, 4)))
              for lo in range(0, 4, per_job)]
     assert sum(len(p) for p in parts) >= len(one_pass) == 7
-    reduced = lmd.reduce_block_moments(parts)
+    reduced = lmd.reduce_block_moments(part for part in parts)  # as the reduce job loads them: one at a time
     for field in ("n", "sums", "cross"):
         np.testing.assert_array_equal(getattr(reduced, field), getattr(one_pass, field))
     # and against an explicit float64 computation of each block
@@ -359,24 +359,29 @@ def test_moments_computed_in_parts_reduce_to_the_one_pass_bits(tmp_path, per_job
 
 
 @pytest.mark.parametrize("per_job", [1, 3])
-def test_moments_without_blocks_computed_in_parts_reduce_to_one_pass(tmp_path, per_job):
-    """lmd.bootstrap: 0 with lmd.shards_per_job: streaming moments of groups of shards, reduced,
-    equal one pass to rounding and an explicit float64 computation; the reduce checks that the
-    parts tile the shards, as the block reduce does."""
+def test_moments_without_blocks_computed_in_parts_reduce_to_the_one_pass_bits(tmp_path, per_job):
+    """lmd.bootstrap: 0 with lmd.shards_per_job: streaming moments of groups of shards, reduced
+    (from a generator, one part at a time), equal to the bit the one pass that sums the same
+    groups (group_shards), and an explicit float64 computation; the ungrouped pass flushes at
+    other rows, so it agrees to rounding only. The reduce checks that the parts tile the shards."""
     blocks, split, folders = four_shards_of_three_models(tmp_path, seed=8)
-    one_pass = lmd.accumulate_moments(folders, flush_rows=16)
+    one_pass = lmd.accumulate_moments(folders, flush_rows=16, group_shards=per_job)
+    ungrouped = lmd.accumulate_moments(folders, flush_rows=16)
     parts = [lmd.accumulate_moments(folders, flush_rows=16, shard_range=(lo, min(lo + per_job, 4)))
              for lo in range(0, 4, per_job)]
     assert [p.info["shard_range"] for p in parts] == [[lo, min(lo + per_job, 4)] for lo in range(0, 4, per_job)]
     assert {p.info["n_shards"] for p in parts} == {4}
-    reduced = lmd.reduce_moments(parts)
-    assert "shard_range" not in reduced.info and reduced.info == one_pass.info
+    reduced = lmd.reduce_moments(part for part in parts)
+    assert "shard_range" not in reduced.info and reduced.info == one_pass.info == ungrouped.info
+    reduced.save(tmp_path / "r.safetensors")
+    one_pass.save(tmp_path / "o.safetensors")
+    assert (tmp_path / "r.safetensors").read_bytes() == (tmp_path / "o.safetensors").read_bytes()
     x = np.concatenate(blocks, axis=1).astype(np.float64)
     for s in lmd.SPLITS:
         rows = x[split == s]
-        assert reduced.n[s] == one_pass.n[s] == len(rows)
-        np.testing.assert_allclose(reduced.sums[s], one_pass.sums[s], rtol=1e-13, atol=1e-12)
-        np.testing.assert_allclose(reduced.cross[s], one_pass.cross[s], rtol=1e-13, atol=1e-11)
+        assert reduced.n[s] == ungrouped.n[s] == len(rows)
+        np.testing.assert_allclose(reduced.sums[s], ungrouped.sums[s], rtol=1e-13, atol=1e-12)
+        np.testing.assert_allclose(reduced.cross[s], ungrouped.cross[s], rtol=1e-13, atol=1e-11)
         np.testing.assert_allclose(reduced.cross[s], rows.T @ rows, rtol=1e-12, atol=1e-10)
     if per_job == 1:
         with pytest.raises(lmd.LMDError, match=r"part 1 \(shards 0..0\) overlaps"):

@@ -62,6 +62,10 @@ def test_a_model_named_twice_is_refused_and_yaml_merge_keys_may_override(repo_ro
         ({"corpus": {"seq_len": "long"}}, "corpus.seq_len"),
         ({"lmd": {"alpah": 1}}, "lmd: Additional properties are not allowed ('alpah' was unexpected)"),
         ({"models": {"a": {"ftp": "x"}, "b": {"path": "p"}}}, "models.a"),
+        ({"models": {"a": {"hub": "bert-base-uncased"}, "b": {"path": "p"}}},
+         "models.a: a hub: model needs revision: <commit sha>"),
+        ({"models": {"a": {"path": "x", "package": "y"}, "b": {"path": "p"}}},
+         "models.a: give exactly one source (package, path, hub with revision, parts or pretrain); got ['package', 'path']"),
         ({"models": {"a.b": {"path": "x"}, "c": {"path": "p"}}}, "models: 'a.b' does not match"),
         ({"models": [{"name": "a", "path": "x"}, {"name": "b", "path": "p"}]}, "write each `- {name: minilm, package: …}` as `minilm: {package: …}`"),
         ({"corpus": {"sources": [{"name": "a", "path": "x"}, {"name": "a", "path": "y"}]}},
@@ -138,6 +142,16 @@ def test_every_job_script_loads_only_its_stage_params_and_every_rule_tracks_them
         ({"mpo": {"models": ["nope"]}}, "mpo.models: ['nope'] not under models:"),
         ({"mpobert": {"base": "nope"}}, "mpobert.base: ['nope']"),
         ({"lmd": {"shards_per_job": 2}, "corpus": {"n_sequences": None}}, "lmd.shards_per_job needs a number"),
+        # two specs of one name: Snakemake kept the last, the scripts the first (mpo weights recorded as dense)
+        ({"finetune": {"variants": [{"name": "dense", "model": "dense"}, {"name": "dense", "model": "mpo"}]}},
+         "finetune.variants: more than one entry is named 'dense'"),
+        ({"finetune": {"tasks": [{"name": "t", "path": "a", "format": "csv", "text_column": "x", "label_column": "y"},
+                                 {"name": "t", "path": "b", "format": "folders"}]}},
+         "finetune.tasks: more than one entry is named 't'"),
+        ({"finetune": {"variants": [{"name": "deep", "model": "mpobert"}, {"name": "x", "model": "albert"}]},
+          "mpobert": {"variants": ["dense", "mpobert"]}}, "which mpobert.variants ['dense', 'mpobert'] does not build"),
+        ({"finetune": {"variants": [{"name": "a", "model": "albert", "trainable": "auxiliary"}]}},
+         "'a' has trainable: auxiliary, which freezes the shared central tensors that only the mpobert model has"),
     ],
 )
 def test_rules_across_keys_name_the_keys(repo_root, tmp_path, overlay, named):

@@ -410,15 +410,28 @@ def aligned_shards(
 
 
 def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False, flush_rows: int = 2048,
-                       shard_range: tuple[int, int] | None = None) -> Moments:
+                       shard_range: tuple[int, int] | None = None, group_shards: int | None = None) -> Moments:
     """One streaming pass over the shards of all models, aligned on seq_id, into :class:`Moments`:
     per split, one in-place rank-k update (dsyrk) of the cross-product per ``flush_rows`` rows.
 
     ``shard_range=(lo, hi)`` reads shards lo..hi−1 only, one job of a scale-out without
     bootstrap blocks (``info["shard_range"]``, ``info["n_shards"]``); :func:`reduce_moments`
-    adds the jobs' moments. Rows are flushed at different points than in one pass, so the
-    reduced moments equal one pass's to rounding (~1e-15 relative), not to the bit."""
+    adds the jobs' moments. ``group_shards=k`` makes one pass compute exactly that: the moments
+    of shards [0, k), [k, 2k), … each on its own, added in order, so one pass and a scale-out
+    with ``lmd.shards_per_job: k`` agree to the bit (rows are flushed at group boundaries, and
+    the sums are added in the same order). It holds two sets of moments instead of one."""
     from tqdm.auto import tqdm
+
+    if group_shards is not None:
+        if shard_range is not None:
+            raise LMDError("give shard_range (one part) or group_shards (all parts in one pass), not both")
+        if group_shards < 1:
+            raise LMDError(f"group_shards must be >= 1; got {group_shards}")
+        n_shards = aligned_shards(folders).n_shards
+        groups = [(lo, min(lo + group_shards, n_shards)) for lo in range(0, n_shards, group_shards)]
+        return reduce_moments(accumulate_moments(folders, flush_rows=flush_rows, shard_range=group)
+                              for group in tqdm(groups, desc=f"moments ({group_shards} shards a group)",
+                                                unit="group", disable=not progress))
 
     aligned = aligned_shards(folders, shard_range)
     moments = Moments(aligned.names, aligned.dims)
@@ -455,20 +468,22 @@ def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False
     return moments
 
 
-def reduce_moments(parts: Sequence[Moments]) -> Moments:
+def reduce_moments(parts: Iterable[Moments]) -> Moments:
     """Add the moments of :func:`accumulate_moments` jobs over disjoint shard ranges (given in
-    shard order, covering every shard once: :func:`_check_part_coverage`) into the moments of
-    all shards."""
-    if not parts:
-        raise LMDError("no partial moments to reduce")
-    _check_part_coverage(parts)
-    first = parts[0]
-    out = Moments(list(first.names), list(first.dims),
-                  info={k: v for k, v in first.info.items() if k not in _PART_KEYS})
+    shard order, covering every shard once: :class:`_PartCoverage`) into the moments of all
+    shards. ``parts`` may be a generator (e.g. loading each file): one part is held at a time."""
+    coverage, out, kept = _PartCoverage(), None, 0
     for part in parts:
+        coverage.add(part)
+        if out is None:
+            out = Moments(list(part.names), list(part.dims),
+                          info={k: v for k, v in part.info.items() if k not in _PART_KEYS})
         out.merge(part)
+        kept += part.info.get("words_kept", 0)
+    if out is None:
+        raise LMDError("no partial moments to reduce")
+    coverage.finish()
     if "words" in out.info:
-        kept = sum(part.info.get("words_kept", 0) for part in parts)
         out.info.update(words_kept=kept, words_dropped=out.info["words"] - kept)
     return out
 
@@ -1196,58 +1211,73 @@ def accumulate_block_moments(
 _PART_KEYS = ("block_offset", "blocks_total", "shard_range", "n_shards")  # a part's own, not the reduce's
 
 
-def _check_part_coverage(parts: Sequence[BlockMoments]) -> None:
-    """The parts' shard ranges, in the order given, must tile 0..n_shards−1: each starting where
-    the previous ended. A part passed twice would otherwise be added twice (block offsets alone
-    cannot tell: neighbouring parts share the block that straddles their boundary)."""
-    if any("shard_range" not in p.info or "n_shards" not in p.info for p in parts):
-        raise LMDError("a part's block moments do not record their shard range (written by an older "
-                       "version); rerun every moments_part job")
-    n_shards = {int(p.info["n_shards"]) for p in parts}
-    if len(n_shards) > 1:
-        raise LMDError(f"the parts were computed over embeddings of different shard counts {sorted(n_shards)}; "
-                       "rerun every moments_part job")
-    (n_shards,) = n_shards
-    ranges = [tuple(int(v) for v in p.info["shard_range"]) for p in parts]
-    shown = ", ".join(f"{lo}..{hi - 1}" for lo, hi in ranges)
-    end = 0
-    for i, (lo, hi) in enumerate(ranges):
+class _PartCoverage:
+    """Checks, one part at a time, that the parts' shard ranges tile 0..n_shards−1 in the order
+    given: each starting where the previous ended. A part passed twice would otherwise be added
+    twice (block offsets alone cannot tell: neighbouring parts share the block that straddles
+    their boundary)."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int]] = []
+        self.n_shards: int | None = None
+
+    def _shown(self) -> str:
+        return ", ".join(f"{lo}..{hi - 1}" for lo, hi in self.ranges)
+
+    def add(self, part: "Moments | BlockMoments") -> None:
+        if "shard_range" not in part.info or "n_shards" not in part.info:
+            raise LMDError("a part's moments do not record their shard range (written by an older "
+                           "version); rerun every moments_part job")
+        n_shards = int(part.info["n_shards"])
+        if self.n_shards is not None and n_shards != self.n_shards:
+            raise LMDError(f"the parts were computed over embeddings of different shard counts "
+                           f"{sorted({self.n_shards, n_shards})}; rerun every moments_part job")
+        self.n_shards = n_shards
+        lo, hi = (int(v) for v in part.info["shard_range"])
+        end = self.ranges[-1][1] if self.ranges else 0
+        self.ranges.append((lo, hi))
+        where = f"(parts so far cover {self._shown()} of {n_shards} shards)"
         if lo < end:
-            raise LMDError(f"part {i} (shards {lo}..{hi - 1}) overlaps the parts before it, which reach shard "
-                           f"{end - 1} (parts cover {shown} of {n_shards} shards): pass each part once, in shard order")
+            raise LMDError(f"part {len(self.ranges) - 1} (shards {lo}..{hi - 1}) overlaps the parts before it, "
+                           f"which reach shard {end - 1} {where}: pass each part once, in shard order")
         if lo > end:
-            raise LMDError(f"shards {end}..{lo - 1} are in no part (parts cover {shown} of {n_shards} shards): "
-                           "pass every part, in shard order")
-        end = hi
-    if end != n_shards:
-        raise LMDError(f"shards {end}..{n_shards - 1} are in no part (parts cover {shown} of {n_shards} shards): "
-                       "pass every part, in shard order")
+            raise LMDError(f"shards {end}..{lo - 1} are in no part {where}: pass every part, in shard order")
+
+    def finish(self) -> None:
+        end = self.ranges[-1][1]
+        if end != self.n_shards:
+            raise LMDError(f"shards {end}..{self.n_shards - 1} are in no part (parts cover {self._shown()} of "
+                           f"{self.n_shards} shards): pass every part, in shard order")
 
 
-def reduce_block_moments(parts: Sequence[BlockMoments]) -> BlockMoments:
+def reduce_block_moments(parts: Iterable[BlockMoments]) -> BlockMoments:
     """Combine the partial block moments of :func:`accumulate_block_moments` jobs over disjoint
     shard ranges (given in shard order) into the block moments of one pass over all shards.
-    The ranges must cover every shard exactly once (:func:`_check_part_coverage`)."""
-    if not parts:
-        raise LMDError("no partial moments to reduce")
-    first = parts[0]
-    total = first.info.get("blocks_total")
-    if total is None:
-        raise LMDError("these block moments are not a part of a scale-out (no blocks_total); use them as they are")
+    The ranges must cover every shard exactly once (:class:`_PartCoverage`). ``parts`` may be a
+    generator: the output and one part are held at a time."""
+    coverage, out, first, kept = _PartCoverage(), None, None, 0
     for part in parts:
+        if first is None:
+            first = part
+            total = first.info.get("blocks_total")
+            if total is None:
+                raise LMDError("these block moments are not a part of a scale-out (no blocks_total); "
+                               "use them as they are")
         if part.names != first.names or part.dims != first.dims or part.info.get("blocks_total") != total:
             raise LMDError("cannot reduce partial moments of different model sets or block layouts; rerun every part")
-    _check_part_coverage(parts)
-    check_block_memory(int(total), first.width)
-    out = BlockMoments.zeros(first.names, first.dims, int(total))
-    info = {k: v for k, v in first.info.items() if k not in _PART_KEYS}
-    kept = 0
-    for part in parts:
+        coverage.add(part)
+        if out is None:
+            check_block_memory(int(total), first.width)
+            out = BlockMoments.zeros(first.names, first.dims, int(total))
         at = slice(part.info["block_offset"], part.info["block_offset"] + len(part))
         out.n[at] += part.n
         out.sums[at] += part.sums
         out.cross[at] += part.cross
         kept += part.info.get("words_kept", 0)
+    if out is None:
+        raise LMDError("no partial moments to reduce")
+    coverage.finish()
+    info = {k: v for k, v in first.info.items() if k not in _PART_KEYS}
     if "words" in info:
         info.update(words_kept=kept, words_dropped=info["words"] - kept)
     out.info = info

@@ -86,10 +86,23 @@ def validate_params(params: Mapping[str, Any], schema_path: str | os.PathLike) -
         lines = []
         for err in errors:
             where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
-            lines.append(f"  {where}: {err.message}")
+            lines.append(f"  {where}: {_model_source_hint(err) or err.message}")
         raise ParamsError(
             "params do not match workflow/schemas/params.schema.yaml:\n" + "\n".join(lines)
         )
+
+
+def _model_source_hint(err) -> str | None:
+    """A model spec that fits none of the source shapes gets jsonschema's "is not valid under
+    any of the given schemas"; say which keys a source needs instead."""
+    path = list(err.absolute_path)
+    if err.validator != "oneOf" or len(path) != 2 or path[0] != "models" or not isinstance(err.instance, Mapping):
+        return None
+    if "hub" in err.instance and "revision" not in err.instance:
+        return "a hub: model needs revision: <commit sha> (40 hex digits), so that it cannot change under you"
+    sources = sorted(k for k in ("package", "path", "hub", "parts", "pretrain") if k in err.instance)
+    return (f"give exactly one source (package, path, hub with revision, parts or pretrain); "
+            f"got {sources or 'none'}")
 
 
 # Both engines run the scripts from the workflow's root folder.
@@ -130,6 +143,19 @@ def check_params(params: Mapping[str, Any]) -> None:
     twice = repeated_names(params.get("corpus", {}).get("sources", []))
     if twice:
         problems.append(f"corpus.sources: more than one source is named {', '.join(twice)}; give every source its own name")
+    finetune, built = params.get("finetune", {}), params.get("mpobert", {}).get("variants", [])
+    for key in ("tasks", "variants"):
+        # a name is a results/ folder and a DVC stage: two specs of one name would write one place
+        twice = repeated_names(finetune.get(key, []))
+        if twice:
+            problems.append(f"finetune.{key}: more than one entry is named {', '.join(twice)}; give each its own name")
+    for spec in finetune.get("variants", []):
+        if built and spec.get("model") not in built:
+            problems.append(f"finetune.variants: {spec.get('name')!r} fine-tunes the model {spec.get('model')!r}, "
+                            f"which mpobert.variants {list(built)} does not build; add it there")
+        if spec.get("trainable", "all") == "auxiliary" and spec.get("model") != "mpobert":
+            problems.append(f"finetune.variants: {spec.get('name')!r} has trainable: auxiliary, which freezes the "
+                            f"shared central tensors that only the mpobert model has (model: {spec.get('model')!r})")
     for key, wanted in (("mpo.models", params.get("mpo", {}).get("models", [])),
                         ("mpobert.base", [params.get("mpobert", {}).get("base")] if "mpobert" in params else [])):
         unknown = [w for w in wanted if w not in names]

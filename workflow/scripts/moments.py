@@ -7,9 +7,9 @@ file (zero blocks). Block moments take 8 · blocks · 3 · width² bytes, which 
 what runs out first (lmd.check_block_memory refuses it with the numbers, before allocating).
 
 One pass by default. With lmd.shards_per_job set, the pass is split: `--part P` covers shards
-[P·k, (P+1)·k) (k = shards_per_job) in its own job, and `--reduce` adds the parts: with blocks,
-into the same files, bit for bit, that one pass writes; without, into moments equal to one
-pass's to rounding."""
+[P·k, (P+1)·k) (k = shards_per_job) in its own job, and `--reduce` adds the parts, loading one
+at a time, into the same files, bit for bit, that one pass writes (without blocks, one pass
+then sums each group of k shards on its own and adds the groups in order, as the reduce does)."""
 
 import argparse
 from pathlib import Path
@@ -38,7 +38,8 @@ n_shards = len(shards.read_manifest(next(iter(folders.values())))["shards"])
 def accumulate(shard_range=None):
     if with_blocks:
         return lmd.accumulate_block_moments(folders, per_block, progress=True, shard_range=shard_range)
-    return lmd.accumulate_moments(folders, progress=True, shard_range=shard_range)
+    group = cfg.get("shards_per_job") if shard_range is None else None
+    return lmd.accumulate_moments(folders, progress=True, shard_range=shard_range, group_shards=group)
 
 
 with lmd.blas_threads(cfg["threads"]):
@@ -58,10 +59,11 @@ with lmd.blas_threads(cfg["threads"]):
             if -(-n_shards // cfg["shards_per_job"]) != len(args.reduce):
                 raise SystemExit(f"{len(args.reduce)} parts for {n_shards} shards at lmd.shards_per_job="
                                  f"{cfg['shards_per_job']}; rerun the moments_part jobs")
+            # generators: one part in memory at a time, whatever the number of parts
             if with_blocks:
-                result = lmd.reduce_block_moments([lmd.BlockMoments.load(p) for p in args.reduce])
+                result = lmd.reduce_block_moments(lmd.BlockMoments.load(p) for p in args.reduce)
             else:
-                result = lmd.reduce_moments([lmd.Moments.load(p) for p in args.reduce])
+                result = lmd.reduce_moments(lmd.Moments.load(p) for p in args.reduce)
         else:
             result = accumulate()
         if with_blocks:

@@ -21,7 +21,8 @@ args = parser.parse_args()
 
 params = load_stage_params(args.params, "mpo", item=args.model)
 cfg = params["mpo"]
-torch.set_num_threads(params["embed"]["threads"])
+if params["embed"].get("threads"):  # 0 or absent: torch's default, as for the embed stage
+    torch.set_num_threads(params["embed"]["threads"])
 ref = models.resolve(model_spec(params, args.model))
 torch.manual_seed(0)
 model = AutoModelForMaskedLM.from_pretrained(ref.location, revision=ref.revision).eval()
