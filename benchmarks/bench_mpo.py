@@ -237,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         similar = (ours <= 1e-5 and ref <= 1e-5) or abs(ours - ref) <= 0.01 * ref
         targets.append((f"decompose {label}: max rel error ours vs tensorly", "both <=1e-5 or within 1%", f"{ours:.3g} vs {ref:.3g}", similar))
     ten = forward_backward["params_10pct"]
-    targets.append(("fwd+bwd ~10% params: nn.Linear time / MPOLinear", "> 1.0", ten["speedup_auto_vs_dense"], ten["speedup_auto_vs_dense"] > 1.0))
+    # "faster" must hold in every back-to-back pair: a median of 1.006 with pairs 0.94-1.04 is a tie
+    slowest = min(ten["speedup_pairs"])
+    targets.append(("fwd+bwd ~10% params: nn.Linear time / MPOLinear (median)", "> 1.0 in every pair",
+                    f"{ten['speedup_auto_vs_dense']:.3f} (pairs from {slowest:.3f})", slowest > 1.0))
 
     print(f"\n{'target':<58} {'wanted':<26} {'measured':<22} result")
     for name, wanted, measured, ok in targets:

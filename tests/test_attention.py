@@ -107,3 +107,12 @@ def test_a_model_switched_to_blocked_attention_gives_the_same_states(kind):
     real = mask.bool()
     torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(full, full_sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_amx_is_read_from_the_cpu_flags():
+    """The choice of bf16 attention follows the machine: SDPA where AMX tiles run its matmuls."""
+    with_amx = "processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+    zen4 = "processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16\n"
+    assert attention.cpu_has_amx(with_amx) and not attention.cpu_has_amx(zen4)
+    assert not attention.cpu_has_amx("")
+    assert attention.prefer_blocked_attention() == (not attention.cpu_has_amx())

@@ -245,11 +245,14 @@ def test_bad_layer_is_a_clear_error(tiny_model_dir, sequences, tmp_path):
         embed.embed_model(ref, sequences, tmp_path / "e", cfg(layer=7), progress=False)
 
 
-def test_bfloat16_uses_blocked_attention_stays_near_float32_and_is_deterministic(tiny_model_dir, sequences, tmp_path):
+@pytest.mark.parametrize("blocked", [True, False])  # a CPU without AMX, and one with
+def test_bfloat16_stays_near_float32_and_is_deterministic_with_either_attention(tiny_model_dir, sequences, tmp_path,
+                                                                               monkeypatch, blocked):
+    monkeypatch.setattr(embed, "prefer_blocked_attention", lambda: blocked)
     ref = models.resolve({"name": "tiny", "path": str(tiny_model_dir)})
     fp32 = embed.embed_model(ref, sequences, tmp_path / "fp32", cfg(), progress=False)
     bf16 = embed.embed_model(ref, sequences, tmp_path / "bf16", cfg(dtype="bfloat16"), progress=False)
-    assert fp32["attention"] == "sdpa" and bf16["attention"] == "lmdecomp_blocked"
+    assert fp32["attention"] == "sdpa" and bf16["attention"] == ("lmdecomp_blocked" if blocked else "sdpa")
     a = np.concatenate([p.embedding for p in shards.iter_shards(tmp_path / "fp32")]).astype(np.float64)
     b = np.concatenate([p.embedding for p in shards.iter_shards(tmp_path / "bf16")]).astype(np.float64)
     cosine = np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)

@@ -9,7 +9,10 @@ Why: PyTorch's CPU ``scaled_dot_product_attention`` tiles for large head dimensi
 small heads of the sentence encoders (MiniLM: 12 heads of 32) it runs at ~75 GFLOP/s in
 bfloat16 on a Zen 4 core pair, while bfloat16 ``bmm`` of the same shapes runs at 400–600;
 the blocked form takes ~16 ms where SDPA takes ~22 ms for 64 sequences × 128 tokens and is
-about a fifth of a bfloat16 MiniLM forward (``benchmarks/bench_embed.py``).
+about a fifth of a bfloat16 MiniLM forward (``benchmarks/bench_embed.py``). On a CPU with AMX
+tiles the balance turns: SDPA's bfloat16 matmuls run on the tiles, and a whole MiniLM run took
+8.2 s with SDPA against 9.0 s blocked on a Xeon core pair, so :func:`prefer_blocked_attention`
+is False there.
 
 Numerics: the scores are rounded to the input dtype before the softmax, as transformers'
 eager attention does under autocast, while SDPA keeps them in float32. In bfloat16 that
@@ -107,6 +110,25 @@ def register() -> None:
 
     AttentionInterface.register(NAME, blocked_attention_forward)
     AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU has AMX bfloat16 tiles: the ``amx_bf16`` flag of ``/proc/cpuinfo`` (or of
+    the ``cpuinfo`` text given); False where that file does not exist."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as fh:
+                cpuinfo = fh.read()
+        except OSError:
+            return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return "amx_bf16" in flags
+
+
+def prefer_blocked_attention() -> bool:
+    """Whether the blocked form beats PyTorch's SDPA for bfloat16 on this CPU (module doc): on
+    CPUs without AMX. A property of the machine, so a rerun there makes the same choice."""
+    return not cpu_has_amx()
 
 
 def use_blocked_attention(model: torch.nn.Module) -> bool:

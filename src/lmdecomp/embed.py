@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from . import shards, words
 from .atomic import replace_dir, stale_temps_in, write_text
-from .attention import use_blocked_attention
+from .attention import prefer_blocked_attention, use_blocked_attention
 from .models import ModelRef, weights_sha256
 
 POOLINGS = ("mean", "padded_mean", "cls")
@@ -307,7 +307,8 @@ def embed_model(
                          "save the model with a tokenizer.json")
     model = ref.load_model().to(device)
     if dtype == "bfloat16" and device.type == "cpu":
-        use_blocked_attention(model)  # faster than SDPA at small heads; see lmdecomp.attention
+        if prefer_blocked_attention():  # faster than SDPA at small heads without AMX; see lmdecomp.attention
+            use_blocked_attention(model)
     attention = str(model.config._attn_implementation)
     n_states = model.config.num_hidden_layers + 1
     layer, extra_layers = stored_layers(cfg, n_states, ref.name)
