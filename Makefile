@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test install bench lint clean
+.PHONY: run test test-fast install bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,12 @@ $(VENV)/.installed-mpnet: $(VENV)/.installed
 run: install $(if $(filter config/full.yaml,$(CONFIG)),$(VENV)/.installed-mpnet)
 	$(BIN)/snakemake --cores $(CORES) $(if $(CONFIG),--configfile $(CONFIG))
 
+# Every tier, as CI runs it; test-fast is the unit tier for the inner loop (markers: pyproject.toml).
 test: install
 	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m unit
 
 # Benchmarks: ratios measured side by side in one run (see docs/performance.md); exits
 # non-zero when a target is missed. BENCH_ARGS=--quick for a fast, smaller run.

@@ -77,7 +77,7 @@ def corpus_cfg(n: int, seq_len: int, min_tokens: int) -> dict:
 
 
 def make_sequences(tokenizer, path: Path, n: int, seq_len: int, min_tokens: int) -> dict:
-    from lmdecomp.corpus import build_sequences, write_sequences
+    from lmdecomp.data.corpus import build_sequences, write_sequences
 
     table, report = build_sequences(corpus_cfg(n, seq_len, min_tokens), tokenizer)
     write_sequences(table, path)
@@ -119,7 +119,7 @@ def model_flops(model, lengths: np.ndarray) -> tuple[float, int]:
 
 
 def read_pooled(folder: Path) -> np.ndarray:
-    from lmdecomp import shards
+    from lmdecomp.data import shards
 
     return np.concatenate([s.embedding for s in shards.iter_shards(folder)])
 
@@ -127,7 +127,7 @@ def read_pooled(folder: Path) -> np.ndarray:
 def run_lmdecomp(ref, sequences: Path, out: Path, dtype: str, other_attention: bool = False) -> tuple[float, dict]:
     """Time embed_model; ``other_attention=True`` runs bf16 with the attention that lmdecomp does
     not choose on this CPU (context: what the choice buys; see lmdecomp.attention)."""
-    from lmdecomp import embed
+    from lmdecomp.models import embed
 
     prefer = embed.prefer_blocked_attention
     if other_attention:
@@ -179,7 +179,8 @@ def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def bf16_drift_r2(fp32_dir: Path, bf16_dir: Path) -> dict:
     """LMD statistics between the float32 and bf16 embeddings of the same model."""
-    from lmdecomp.lmd import accumulate_moments, fit_pairwise
+    from lmdecomp.lmd.fits import fit_pairwise
+    from lmdecomp.lmd.stream import accumulate_moments
 
     moments = accumulate_moments({"fp32": fp32_dir, "bf16": bf16_dir})
     rows = fit_pairwise(moments, 1e-3)
@@ -192,7 +193,7 @@ def bf16_drift_r2(fp32_dir: Path, bf16_dir: Path) -> dict:
 
 def child_rss(sequences: str, out: str) -> None:
     """Fresh-process mode: embed and print peak RSS (VmHWM, MiB) as JSON."""
-    from lmdecomp.models import resolve
+    from lmdecomp.models.sources import resolve
 
     torch.set_num_threads(THREADS)
     seconds, manifest = run_lmdecomp(resolve(MODEL), Path(sequences), Path(out), "float32")
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         child_rss(*args.child_rss)
         return 0
     torch.set_num_threads(THREADS)
-    from lmdecomp.models import resolve
+    from lmdecomp.models.sources import resolve
 
     # quick RSS sizes: 2 and 6 shards of shard_rows 1,024 (below one shard, nothing is flat)
     n_main, rss_sizes = (300, (2048, 6144)) if args.quick else (2000, (2000, 20000))
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         # Each method runs once per round, in reversed order every other round, and keeps its
         # fastest round: drifting load then hits every method alike (the vectors are the same
         # in every round; the first round's are compared).
-        from lmdecomp.attention import prefer_blocked_attention
+        from lmdecomp.models.attention import prefer_blocked_attention
 
         other = "context_bfloat16_" + ("sdpa" if prefer_blocked_attention() else "blocked_attention")
         results["bf16_attention"] = "lmdecomp_blocked" if prefer_blocked_attention() else "sdpa"

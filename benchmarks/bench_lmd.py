@@ -52,7 +52,8 @@ from peak_memory import peak_rss_mib  # noqa: E402
 from scipy.linalg.blas import dsyrk  # noqa: E402
 import torch  # noqa: E402
 
-from lmdecomp import lmd, shards  # noqa: E402
+from lmdecomp import lmd  # noqa: E402
+from lmdecomp.data import shards
 
 THREADS = 2
 MODELS, DIM, RANK, NOISE = 12, 768, 64, 0.5

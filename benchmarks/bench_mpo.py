@@ -49,7 +49,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from lmdecomp.mpo import MPOLinear, factorize, mpo_decompose  # noqa: E402
+from lmdecomp.mpo.decompose import factorize, mpo_decompose  # noqa: E402
+from lmdecomp.mpo.layer import MPOLinear
 
 THREADS = 2
 HIDDEN, FFN, LAYERS = 768, 3072, 12

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny seeded BERT saved as a model folder, and the repository root."""
+"""Shared fixtures (a tiny seeded BERT saved as a model folder, the repository root), the writers
+of hand-made sequences and shards, the numpy references of the LMD fits, and the test tiers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TIERS = ("slow", "integration")
+
+
+def pytest_collection_modifyitems(items):
+    """Every test without a slower tier's marker is in the unit tier (``make test-fast``)."""
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.unit)
 
 
 def package_folder(spec: str) -> Path:
@@ -52,7 +61,7 @@ def write_sequences(path: Path, texts, splits, seq_ids) -> Path:
     import numpy as np
     import pyarrow as pa
 
-    from lmdecomp import corpus
+    from lmdecomp.data import corpus
 
     n = len(texts)
     table = pa.table(
@@ -74,7 +83,7 @@ def write_sequences(path: Path, texts, splits, seq_ids) -> Path:
 
 def write_embeddings(folder: Path, name: str, ids, splits, emb, rows_per_shard: int) -> None:
     """A model's embedding folder written through the real shard writer, with its manifest."""
-    from lmdecomp import shards
+    from lmdecomp.data import shards
 
     folder.mkdir(parents=True)
     entries = []

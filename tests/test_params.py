@@ -5,16 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from lmdecomp.params import (
-    ParamsError,
-    UnlistedParam,
-    bind_param_keys,
-    load_params,
-    merge_params,
-    read_yaml,
-    restrict_params,
-    stage_param_keys,
-)
+from lmdecomp.params import ParamsError, UnlistedParam, bind_param_keys, load_params, merge_params, read_yaml, restrict_params, stage_param_keys
 
 
 def write(tmp_path, name, data):

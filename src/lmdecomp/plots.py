@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
-from .atomic import atomic_path  # noqa: E402
+from lmdecomp.atomic import atomic_path  # noqa: E402
 
 # Fixed metadata keeps PNG bytes identical across runs and machines.
 PNG_METADATA = {"Software": "lmdecomp"}
@@ -142,7 +142,7 @@ def lmd_vs_similarity(pairwise: pl.DataFrame, similarity: pl.DataFrame, path: st
     size = 1.2 + 0.9 * len(names)
     fig, axes = plt.subplots(1, 3, figsize=(3 * (size + 1.4), size), layout="constrained")
     _heatmap(fig, axes[0], _pair_grid(rows, "basis", "target", "r2", names), names,
-             f"LMD R² (row explains column)", "R²")
+             "LMD R² (row explains column)", "R²")
     _heatmap(fig, axes[1], _pair_grid(similarity, "a", "b", "cka", names, symmetric=True), names,
              "linear CKA (biased HSIC)", "CKA")
     knn_k = int(similarity["knn_k"][0]) if similarity.height else 0

@@ -4,7 +4,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lmdecomp import embed, models
+from lmdecomp.models import embed, sources
 from lmdecomp.params import load_stage_params, model_spec
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -16,7 +16,7 @@ parser.add_argument("--out", required=True, help="output folder for shards and m
 args = parser.parse_args()
 
 params = load_stage_params(args.params, "embed", key=args.model)
-ref = models.resolve(model_spec(params, args.model))
+ref = sources.resolve(model_spec(params, args.model))
 # Shards are written to a sibling work folder and the finished folder renamed to --out: the
 # engines delete --out before a job runs, so only there do a killed job's shards survive.
 work = Path(args.out).with_name(f".{Path(args.out).name}.partial")

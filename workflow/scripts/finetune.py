@@ -6,7 +6,7 @@ import json
 import polars as pl
 import torch
 
-from lmdecomp import finetune, variants
+from lmdecomp.mpo import finetune, variants
 from lmdecomp.atomic import write_text
 from lmdecomp.params import load_stage_params
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import polars as pl
 
-from lmdecomp import finetune, plots
+from lmdecomp.mpo import finetune
+from lmdecomp import plots
 from lmdecomp.atomic import atomic_path
 from lmdecomp.params import load_stage_params
 

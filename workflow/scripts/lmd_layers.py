@@ -7,7 +7,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lmdecomp import layers, lmd
+from lmdecomp.lmd import layers
+from lmdecomp import lmd
 from lmdecomp.atomic import atomic_path
 from lmdecomp.params import load_stage_params, model_names
 

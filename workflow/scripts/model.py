@@ -5,7 +5,8 @@ import json
 
 import torch
 
-from lmdecomp import corpus, models
+from lmdecomp.data import corpus
+from lmdecomp.models import sources
 from lmdecomp.atomic import write_text
 from lmdecomp.params import load_stage_params, model_spec
 
@@ -23,7 +24,7 @@ train_texts = val_texts = None
 if "pretrain" in spec:
     torch.set_num_threads(params["zoo"]["threads"])
     train_texts, val_texts = corpus.split_texts(args.sequences, ("train", "val"))
-record = models.prepare_model(spec, args.out, train_texts, val_texts, params["zoo"].get("device", "auto"))
+record = sources.prepare_model(spec, args.out, train_texts, val_texts, params["zoo"].get("device", "auto"))
 # Pretrained zoo models: val masked-LM loss and perplexity beside the unigram baseline of
 # the same tokenizer on the same positions; every model: its size.
 KEYS = ("val_loss", "val_perplexity", "unigram_perplexity", "final_train_loss", "steps")

@@ -14,7 +14,8 @@ then sums each group of k shards on its own and adds the groups in order, as the
 import argparse
 from pathlib import Path
 
-from lmdecomp import lmd, shards
+from lmdecomp import lmd
+from lmdecomp.data import shards
 from lmdecomp.params import load_stage_params, model_names
 
 parser = argparse.ArgumentParser(description=__doc__)

@@ -8,7 +8,9 @@ import pyarrow.parquet as pq
 import torch
 from transformers import AutoModelForMaskedLM
 
-from lmdecomp import compression, corpus, models
+from lmdecomp.mpo import compression
+from lmdecomp.data import corpus
+from lmdecomp.models import sources
 from lmdecomp.atomic import atomic_dir
 from lmdecomp.params import load_stage_params, model_spec
 
@@ -23,7 +25,7 @@ params = load_stage_params(args.params, "mpo", item=args.model)
 cfg = params["mpo"]
 if params["embed"].get("threads"):  # 0 or absent: torch's default, as for the embed stage
     torch.set_num_threads(params["embed"]["threads"])
-ref = models.resolve(model_spec(params, args.model))
+ref = sources.resolve(model_spec(params, args.model))
 torch.manual_seed(0)
 model = AutoModelForMaskedLM.from_pretrained(ref.location, revision=ref.revision).eval()
 tokenizer = ref.load_tokenizer()

@@ -7,7 +7,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lmdecomp import lmd, similarity
+from lmdecomp import lmd
+from lmdecomp.lmd import similarity
 from lmdecomp.atomic import atomic_path
 from lmdecomp.params import load_stage_params, model_names
 

@@ -5,7 +5,7 @@ import json
 
 import pyarrow.parquet as pq
 
-from lmdecomp import tasks
+from lmdecomp.data import tasks
 from lmdecomp.atomic import atomic_path, write_text
 from lmdecomp.params import load_stage_params
 

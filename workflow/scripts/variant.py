@@ -5,7 +5,9 @@ from pathlib import Path
 
 import torch
 
-from lmdecomp import corpus, models, variants
+from lmdecomp.data import corpus
+from lmdecomp.models import sources
+from lmdecomp.mpo import variants
 from lmdecomp.atomic import atomic_dir
 from lmdecomp.params import load_stage_params, model_spec
 
@@ -19,7 +21,7 @@ args = parser.parse_args()
 params = load_stage_params(args.params, "variant")
 cfg = params["mpobert"]
 torch.set_num_threads(cfg["threads"])
-ref = models.resolve(model_spec(params, cfg["base"]))
+ref = sources.resolve(model_spec(params, cfg["base"]))
 torch.manual_seed(0)
 from transformers import AutoModelForMaskedLM  # noqa: E402
 

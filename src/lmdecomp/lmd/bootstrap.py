@@ -1,0 +1,291 @@
+"""Block-bootstrap intervals of LMD R²: a replicate is a multinomial-weighted sum of block
+moments, refitted on its train split and scored on its held-out splits; intervals are
+re-centred on the full-data estimate (:func:`centred_interval`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from lmdecomp.lmd.alpha import _alpha_grid
+from lmdecomp.lmd.blocks import BlockMoments
+from lmdecomp.lmd.errors import LMDError
+from lmdecomp.lmd.fits import (
+    _check_basis,
+    _check_basis_variance,
+    fit_ridge,
+    r_squared,
+    ridge_penalty,
+)
+from lmdecomp.lmd.moments import SPLITS, Moments, _check_split, _sub
+
+# Bootstrap replicates are processed in chunks whose (chunk, w, w) float64 scatter is at most this
+# many bytes; two such arrays are alive at once (see bootstrap_r2_samples). The chunk size does not
+# change any replicate's numbers.
+_BOOTSTRAP_ARRAY_BYTES = 128e6
+
+
+def bootstrap_weights(n_blocks: int, n_boot: int, seed: int = 0) -> np.ndarray:
+    """(n_boot, n_blocks) int multiplicities: each row draws n_blocks blocks with replacement."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n_blocks, np.full(n_blocks, 1.0 / n_blocks), size=n_boot)
+
+
+def bootstrap_r2_samples(
+    blocks: "BlockMoments | Sequence[Moments]",
+    basis: Sequence[str],
+    target: str,
+    alpha: float,
+    n_boot: int = 200,
+    seed: int = 0,
+    split: "str | Sequence[str]" = "test",
+) -> "np.ndarray | dict[str, np.ndarray]":
+    """(n_boot,) bootstrap replicates of the ``split`` R² of the ridge fit of ``target`` on ``basis``
+    (or, for a list of splits, {split: replicates}, sharing each replicate's train refit).
+
+    Replicate r resamples blocks with replacement (multiplicities w_r from
+    :func:`bootstrap_weights`, the same for every split, since a block is a unit of sequences),
+    refits on the train moments Σ_b w_rb M_b^train and scores on Σ_b w_rb M_b^split — exactly
+    the fit and R² of :func:`fit_ridge` / :func:`r_squared` on the resampled sequences.
+    A replicate with an empty split or a singular fit is an error (use larger blocks or α > 0);
+    at α = 0 so is one with no more distinct train rows than basis columns.
+
+    Only the blocks a fit reads are gathered and weighted: C_zz, C_zu and the diagonal of C_uu
+    (tr S_uu), not the whole (p + q)² cross-product.
+
+    Memory, for w = p + q the basis + target width, B blocks and R = 16e6 / w² replicates per
+    chunk (so that one (R, w, w) float64 array would be ≤ 128 MB, ``_BOOTSTRAP_ARRAY_BYTES``):
+    the gathered blocks, B · (p² + pq + q) · 8 bytes per split used (train included), plus per
+    chunk the train and one held-out split's S_zz and S_zu (each pair < one (R, w, w) array) and
+    up to four (R, p, q) products (each ≤ ¼ of one, as pq ≤ w²/4): < 3 × 128 MB beyond the
+    gathered blocks (tests/test_lmd_depth.py holds the bound).
+    """
+    if _alpha_grid(alpha) is not None:
+        raise LMDError("bootstrap_r2 takes one α; pass the α chosen on the full data (the fit row's alpha)")
+    alpha = float(alpha)
+    _check_basis(basis, [target])
+    if not isinstance(blocks, BlockMoments):
+        blocks = BlockMoments.from_moments(list(blocks))
+    splits = [split] if isinstance(split, str) else list(split)
+    for s in splits:
+        _check_split(s)
+    if n_boot < 1:
+        raise LMDError(f"n_boot must be at least 1 (got {n_boot}); set lmd.bootstrap to 0 for no intervals")
+    cols = np.concatenate([blocks.columns(basis), blocks.columns([target])])
+    p, w = len(blocks.columns(basis)), len(cols)
+    basis_dims = [blocks.dims[blocks.names.index(b)] for b in basis]
+    zi, ui = np.arange(p), np.arange(p, w)
+    n_blocks = len(blocks)
+    # the full data's train moments: a constant basis model fails every replicate the same way
+    n_all = blocks.n[:, 0].sum()
+    if n_all > 0:
+        sum_all = blocks.sums[:, 0][:, cols[:p]].sum(axis=0)
+        square_all = blocks.cross[:, 0][:, cols[:p], cols[:p]].sum(axis=0)  # diagonal of Σ_b C_b
+        _check_basis_variance(basis, basis_dims, square_all - sum_all**2 / n_all, square_all)
+    weights = bootstrap_weights(n_blocks, n_boot, seed).astype(np.float64)
+
+    zcols, ucols = cols[:p], cols[p:]
+
+    def gather(cross_k, rows, columns):
+        """(B, len(rows) · len(columns)) of cross_k (B, W, W), copied model block by model block."""
+        return np.ascontiguousarray(_sub(cross_k, rows, columns, max_runs=np.inf)).reshape(n_blocks, -1)
+
+    def sliced(s):
+        # only what a fit and its score use: C_zz, C_zu and the diagonal of C_uu (for tr S_uu),
+        # not the whole (p + q)² cross-product
+        k = SPLITS.index(s)
+        cross_k = blocks.cross[:, k]
+        return (blocks.n[:, k].astype(np.float64), blocks.sums[:, k][:, cols], gather(cross_k, zcols, zcols),
+                gather(cross_k, zcols, ucols), np.diagonal(cross_k, axis1=1, axis2=2)[:, ucols])
+
+    stats = {s: sliced(s) for s in dict.fromkeys(["train", *splits])}
+
+    def replicate(stats, wts):
+        """(n, μ, S_zz, S_zu, tr S_uu) of each replicate: weighted sums of blocks, centred."""
+        n_b, s_b, zz_b, zu_b, uu_b = stats
+        n = wts @ n_b
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean = (wts @ s_b) / n[:, None]
+        n_mean = n[:, None] * mean
+        s_zz = (wts @ zz_b).reshape(len(wts), p, p)
+        s_zu = (wts @ zu_b).reshape(len(wts), p, w - p)
+        for r in range(len(wts)):  # S = C − (n μ) μᵀ in place, one replicate at a time
+            s_zz[r] -= np.multiply.outer(n_mean[r, zi], mean[r, zi])
+            s_zu[r] -= np.multiply.outer(n_mean[r, zi], mean[r, ui])
+        tr_uu = wts @ uu_b.sum(axis=1) - np.sum(n_mean[:, ui] * mean[:, ui], axis=1)
+        return n, mean, s_zz, s_zu, tr_uu
+
+    out = {s: np.empty(n_boot) for s in splits}
+    chunk = max(1, int(_BOOTSTRAP_ARRAY_BYTES // (8 * w * w)))
+    for lo in range(0, n_boot, chunk):
+        wts = weights[lo:lo + chunk]
+        train = replicate(stats["train"], wts)
+        n_t, mu_t, s_zz, s_zu, _ = train
+        # least squares needs more distinct train rows than basis columns: a replicate repeats
+        # blocks, so it holds fewer distinct rows than its weighted count n_t
+        distinct_t = (wts > 0) @ stats["train"][0]
+        regularised = s_zz.copy()
+        diagonal = np.arange(p)
+        regularised[:, diagonal, diagonal] += ridge_penalty(np.diagonal(s_zz, axis1=1, axis2=2), basis_dims, alpha)
+        try:
+            weight_t = np.linalg.solve(regularised, s_zu)  # (R, p, q)
+        except np.linalg.LinAlgError as exc:
+            raise LMDError(f"bootstrap fit of {target!r} on {list(basis)}: a resampled basis covariance "
+                           "is singular; set α > 0") from exc
+        del regularised
+        bias = mu_t[:, ui] - (mu_t[:, None, zi] @ weight_t)[:, 0]
+        for s in splits:
+            n_s, mu_s, zz_s, zu_s, s_uu = train if s == "train" else replicate(stats[s], wts)
+            offset = mu_s[:, ui] - (mu_s[:, None, zi] @ weight_t)[:, 0] - bias
+            sse = (s_uu - 2.0 * np.sum(weight_t * zu_s, axis=(1, 2))
+                   + np.sum((zz_s @ weight_t) * weight_t, axis=(1, 2))
+                   + n_s * np.sum(offset**2, axis=1))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r2 = 1.0 - sse / s_uu
+            r2[(n_s == 0) | (s_uu <= 0) | ((alpha == 0) & (distinct_t <= p))] = np.nan
+            out[s][lo:lo + chunk] = r2
+            del zz_s, zu_s  # before the next split's are built
+    for s, samples in out.items():
+        bad = int((~np.isfinite(samples)).sum())
+        if bad:
+            raise LMDError(f"bootstrap of {target!r} on {list(basis)}: {bad} of {n_boot} replicates have an "
+                           f"empty {s} or train split, or too few train rows; use fewer, larger blocks")
+    return out[split] if isinstance(split, str) else out
+
+
+def centred_interval(samples: np.ndarray, estimate: float, level: float) -> tuple[float, float]:
+    """Bootstrap interval at ``level`` re-centred on the full-data ``estimate``:
+
+        [R̂² − (m − q_lo),  R̂² + (q_hi − m)],   m the bootstrap median, q the (1∓level)/2 quantiles.
+
+    Why not the plain percentile interval [q_lo, q_hi]: a replicate refits on resampled
+    training blocks, where duplicated sequences act like ≈ 63% as many distinct rows, so it
+    overfits more than the real fit and its held-out R² sits lower — by about one standard
+    error when the basis is wide for the train split (measured in tests/test_lmd_depth.py:
+    percentile coverage ≈ 65% at a nominal 90%). The held-out R̂² itself is nearly unbiased, and
+    the bootstrap spread matches its sampling spread, so the spread is kept and the location
+    taken from R̂² (coverage ≈ 90% there). Efron's bias-corrected interval would move the
+    wrong way: it assumes the estimator is biased like the replicates are."""
+    if not 0 < level < 1:
+        raise LMDError(f"level must be in (0, 1); got {level}")
+    lo, mid, hi = np.quantile(samples, [(1 - level) / 2, 0.5, (1 + level) / 2])
+    return float(estimate - (mid - lo)), float(estimate + (hi - mid))
+
+
+def bootstrap_r2(
+    blocks: "BlockMoments | Sequence[Moments]",
+    basis: Sequence[str],
+    target: str,
+    alpha: float,
+    n_boot: int = 200,
+    seed: int = 0,
+    level: float = 0.9,
+    split: str = "test",
+) -> tuple[float, float]:
+    """Block-bootstrap interval (lo, hi) at ``level`` for the ``split`` R² of the fit of
+    ``target`` on ``basis``: the replicates of :func:`bootstrap_r2_samples` re-centred on the
+    full-data R² (:func:`centred_interval`). Cost: n_boot batched p×p solves, no embedding
+    re-read. It covers train-sampling and test-sampling variability of a fixed-α fit, not α
+    selection."""
+    if not 0 < level < 1:
+        raise LMDError(f"level must be in (0, 1); got {level}")
+    if not isinstance(blocks, BlockMoments):
+        blocks = BlockMoments.from_moments(list(blocks))
+    samples = bootstrap_r2_samples(blocks, basis, target, alpha, n_boot=n_boot, seed=seed, split=split)
+    total = blocks.total()
+    estimate = r_squared(total, fit_ridge(total, basis, target, alpha), split)
+    return centred_interval(samples, estimate, level)
+
+
+class BootstrapCache:
+    """Bootstrap replicates already drawn, per fit, for one :class:`BlockMoments`, ``n_boot`` and
+    ``seed``: the fit tables of one stage share fits (a greedy selection's first step is a
+    pairwise fit, its last the leave-one-out fit), and a fit's replicates are its largest cost.
+
+    A fit is keyed by its basis as a set (the order of the basis columns does not change the
+    fit; replicates of two orders agree to rounding), its target and its α. Splits missing for
+    a fit already drawn are drawn together, sharing their train refits."""
+
+    def __init__(self, blocks: BlockMoments, n_boot: int, seed: int) -> None:
+        self.blocks, self.n_boot, self.seed = blocks, int(n_boot), int(seed)
+        self._samples: dict[tuple, dict[str, np.ndarray]] = {}
+
+    def samples(self, basis: Sequence[str], target: str, alpha: float, splits: Sequence[str]) -> dict[str, np.ndarray]:
+        """{split: (n_boot,) replicates} of :func:`bootstrap_r2_samples` for the fit."""
+        have = self._samples.setdefault((frozenset(basis), target, float(alpha)), {})
+        missing = [s for s in dict.fromkeys(splits) if s not in have]
+        if missing:
+            have.update(bootstrap_r2_samples(self.blocks, basis, target, alpha, n_boot=self.n_boot, seed=self.seed,
+                                             split=missing))
+        return {s: have[s] for s in splits}
+
+    def __len__(self) -> int:
+        """The number of fits drawn."""
+        return len(self._samples)
+
+
+def _cache_for(cache: "BootstrapCache | None", blocks: BlockMoments, n_boot: int, seed: int) -> BootstrapCache:
+    """``cache``, checked to serve these blocks, n_boot and seed; a fresh one if None."""
+    if cache is None:
+        return BootstrapCache(blocks, n_boot, seed)
+    if blocks is not cache.blocks or int(n_boot) != cache.n_boot or int(seed) != cache.seed:
+        raise LMDError("a BootstrapCache serves one set of block moments, n_boot and seed; make one per set")
+    return cache
+
+
+def add_confidence_intervals(
+    rows: list[dict], blocks: BlockMoments, n_boot: int, level: float, seed: int, basis_of=None,
+    cache: BootstrapCache | None = None,
+) -> list[dict]:
+    """Give every fit row ``r2_lo``/``r2_hi``: its block-bootstrap interval at ``level``, re-centred
+    on the row's ``r2`` (:func:`centred_interval`).
+
+    A row's basis is ``basis_of(row)`` if given, else ``[row["basis"]]``, else (a leave-one-out
+    row) every other model. The interval is for the row's own α (chosen on the full data when α
+    came from a grid). Rows of one fit (same basis, target and α) share one bootstrap, and with
+    a ``cache`` so do the fits of other tables drawn through it."""
+    if not 0 < level < 1:
+        raise LMDError(f"level must be in (0, 1); got {level}")
+    cache = _cache_for(cache, blocks, n_boot, seed)
+
+    def basis_for(row):
+        if basis_of is not None:
+            return list(basis_of(row))
+        return [row["basis"]] if "basis" in row else [n for n in blocks.names if n != row["target"]]
+
+    fits: dict[tuple, list[str]] = {}
+    for row in rows:
+        fits.setdefault((tuple(basis_for(row)), row["target"], row["alpha"]), []).append(row["split"])
+    intervals = {}
+    for (basis, target, alpha), splits in fits.items():
+        samples = cache.samples(basis, target, alpha, splits)
+        intervals.update({(basis, target, alpha, s): values for s, values in samples.items()})
+    out = []
+    for row in rows:
+        samples = intervals[tuple(basis_for(row)), row["target"], row["alpha"], row["split"]]
+        lo, hi = centred_interval(samples, row["r2"], level)
+        out.append({**row, "r2_lo": lo, "r2_hi": hi})
+    return out
+
+
+def add_selection_intervals(
+    selection: list[dict], blocks: BlockMoments, n_boot: int, level: float, seed: int,
+    cache: BootstrapCache | None = None,
+) -> list[dict]:
+    """Give every :func:`greedy_selection` row ``val_r2_lo``/``val_r2_hi`` and
+    ``test_r2_lo``/``test_r2_hi``: bootstrap intervals of the fit on the models selected up to
+    its step (one bootstrap per row for both splits, centred as :func:`centred_interval`; with a
+    ``cache``, shared with the same fit drawn for another table). The path itself is taken as
+    fixed: the intervals do not cover the selection's own variability."""
+    cache = _cache_for(cache, blocks, n_boot, seed)
+    out = []
+    for row in selection:
+        basis = [r["added_model"] for r in selection if r["target"] == row["target"] and r["k"] <= row["k"]]
+        samples = cache.samples(basis, row["target"], row["alpha"], ["val", "test"])
+        extra = {}
+        for split in ("val", "test"):
+            lo, hi = centred_interval(samples[split], row[f"{split}_r2"], level)
+            extra.update({f"{split}_r2_lo": lo, f"{split}_r2_hi": hi})
+        out.append({**row, **extra})
+    return out

@@ -1,0 +1,211 @@
+"""Leave-one-out fits: each model from all others, as blocks of one inverse of the
+regularised joint scatter (:func:`fit_leave_one_out`), and the DVC summary metrics."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+# Imported at load time, not lazily: threadpoolctl (blas_threads) pins only the BLAS
+# libraries already loaded, and scipy brings its own OpenBLAS.
+from scipy.linalg.blas import dtrsm
+from scipy.linalg.lapack import dpotrf, dpotri
+
+from lmdecomp.lmd.alpha import _alpha_grid, warn_if_alpha_at_grid_edge
+from lmdecomp.lmd.errors import LMDError
+from lmdecomp.lmd.fits import (
+    _check_least_squares,
+    _check_moments_basis,
+    _check_pivots,
+    _check_two_models,
+    _ridge_solve,
+    _sst,
+    fit_ridge,
+    ridge_penalty,
+)
+from lmdecomp.lmd.moments import (
+    SPLITS,
+    Moments,
+    _quadratic_forms,
+    _symmetrise_from_lower,
+)
+
+
+def _ridge_inverse(moments: Moments, penalty: np.ndarray, band: int = 64) -> np.ndarray:
+    """(S + diag λ)⁻¹ of the train scatter S = C − n μμᵀ, as a full symmetric C-ordered matrix:
+    S + diag λ written once, a band of rows at a time, into the array that one Cholesky (dpotrf)
+    and its inverse (dpotri) then overwrite. Raises LMDError if it is not positive definite or,
+    at α = 0, singular to float32 precision (:func:`_check_pivots`)."""
+    cross = moments.cross["train"]
+    root_n_mean = moments.root_n_mean("train")
+    a = np.empty_like(cross)
+    for lo in range(0, len(a), band):  # −n μμᵀ band by band: no width² temporary
+        np.multiply.outer(root_n_mean[lo:lo + band], -root_n_mean, out=a[lo:lo + band])
+        a[lo:lo + band] += cross[lo:lo + band]
+    a[np.diag_indices_from(a)] += penalty
+    # a is C-ordered and symmetric, so its transpose is the same matrix in Fortran order: LAPACK
+    # works on it in place, and the triangle it fills is the lower one of ``a``.
+    factor, info = dpotrf(a.T, lower=0, clean=0, overwrite_a=1)
+    if info == 0 and not np.any(penalty):
+        _check_pivots(np.diagonal(factor), np.diagonal(cross), "the joint covariance",
+                      [f"{name}[{k}]" for name, dim in zip(moments.names, moments.dims) for k in range(dim)])
+    if info == 0:
+        inverse, info = dpotri(factor, lower=0, overwrite_c=1)
+    if info != 0:
+        raise LMDError("the joint covariance plus ridge is not positive definite")
+    out = inverse.T
+    _symmetrise_from_lower(out)
+    return out
+
+
+def _singular_models(moments: Moments) -> set[str]:
+    """Models whose own train scatter is singular to float32 precision (:func:`_check_pivots`).
+    At α = 0 every basis holding one is too: a column that the rest of its model explains is
+    explained at least as well by a larger basis. Costs one small Cholesky per model."""
+    singular = set()
+    for name in moments.names:
+        cols = moments.columns([name])
+        try:
+            _ridge_solve(moments.scatter_block("train", cols, cols), np.zeros(len(cols)), np.zeros((len(cols), 1)),
+                         name, np.diagonal(moments.cross["train"])[cols])
+        except LMDError:
+            singular.add(name)
+    return singular
+
+
+def _loo_residual_map(inverse: np.ndarray, block: slice) -> np.ndarray:
+    """Rᵀ = P_mm⁻¹ P_m· (q × width, C order) of :func:`fit_leave_one_out` for target block m of
+    the symmetric P = ``inverse``.
+
+    Solved as its transpose R = P_·m L⁻ᵀ L⁻¹ (P_mm = L Lᵀ, two triangular solves from the right):
+    C-ordered Rᵀ is Fortran-ordered R, so the result needs no transposing copy, and the scores'
+    products read it in the order they want."""
+    factor, info = dpotrf(inverse[block, block], lower=1, clean=1)
+    if info != 0:
+        raise LMDError("internal: a diagonal block of the joint inverse is not positive definite")
+    residual_t = inverse[block].copy()  # C-ordered P_m·; its transpose is P_·m in Fortran order
+    for transposed in (1, 0):  # · L⁻ᵀ, then · L⁻¹
+        out = dtrsm(1.0, factor, residual_t.T, side=1, lower=1, trans_a=transposed, overwrite_b=1)
+        if not np.shares_memory(out, residual_t):
+            raise LMDError("internal: dtrsm did not solve in place")
+    return residual_t
+
+
+def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> list[dict]:
+    """Each target on all other models concatenated, fitted on train, scored on every split.
+
+    ``alpha``: one ridge strength, or a grid chosen per target on val (as :func:`fit_pairwise`).
+
+    One factorisation of the regularised joint scatter serves all targets. With
+    A = S + diag λ over all models (λ of :func:`ridge_penalty`, each model's own) and P = A⁻¹,
+    the block inverse gives, for target block m and the rest r,
+
+        Wᵀ = (S_rr + diag λ_r)⁻¹ S_rm = −P_rm P_mm⁻¹
+
+    (λ_m is irrelevant to it). The residual map Rᵀ = P_mm⁻¹ P_m· (q × width) has −W on the
+    basis columns and I on the target's, so e = Rᵀ(x − μ_train), and per split
+    SSE = Σ (Rᵀ S)∘Rᵀ + n ‖Rᵀ(μ − μ_train)‖²; on train, where W(S_rr + diag λ_r) = S_mr,
+    SSE = Σ Rᵀ∘S_m· − Σ_i λ_i ‖W_·i‖² needs no product with S. Cost per α: one Cholesky
+    inverse of the joint width plus, per target and held-out split, one triangular
+    width² × q product (:func:`_quadratic_forms`), instead of a fresh Cholesky of the basis
+    width per target."""
+    grid = _alpha_grid(alpha)
+    strict = grid is None
+    grid = grid or (float(alpha),)
+    _check_two_models(moments.names, "leave-one-out fits")
+    names, width = moments.names, moments.width
+    n = moments.count("train")
+    _check_moments_basis(moments, names, np.arange(width))  # every model is in some basis
+    bounds = np.cumsum([0, *moments.dims])
+    diagonal = moments.scatter_diagonal("train")
+    best: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}  # target → (val R², α, Rᵀ, λ)
+    for alpha_a in grid:
+        penalty = ridge_penalty(diagonal, moments.dims, alpha_a)
+        inverse = None  # without it (α = 0 and a singular joint scatter): one solve per target
+        if alpha_a > 0 or n > width:
+            try:
+                inverse = _ridge_inverse(moments, penalty)
+            except LMDError:
+                pass
+        # at α = 0, skip (or refuse) the targets whose basis holds a singular model up front,
+        # instead of one refused Cholesky of nearly the joint width per target
+        singular = _singular_models(moments) if inverse is None and alpha_a == 0 else set()
+        for m, target in enumerate(names):
+            block = slice(bounds[m], bounds[m + 1])
+            basis = [t for t in names if t != target]
+            what = f"fit of {target!r} on {basis}"
+            if strict:
+                _check_least_squares(n, width - (block.stop - block.start), alpha_a, what)
+            elif alpha_a == 0 and n <= width - (block.stop - block.start):
+                continue
+            if inverse is not None:
+                residual_t = _loo_residual_map(inverse, block)
+            else:
+                if singular & set(basis):
+                    if strict:
+                        raise LMDError(f"{what}: least squares is ill-posed: the train scatter of "
+                                       f"{sorted(singular & set(basis))} alone is singular to float32 "
+                                       "precision; set lmd.alpha > 0")
+                    continue
+                try:
+                    fit = fit_ridge(moments, basis, target, alpha_a)
+                except LMDError:
+                    if strict:
+                        raise
+                    continue
+                residual_t = np.zeros((block.stop - block.start, width))
+                residual_t[:, moments.columns(basis)] = -fit.weight
+                residual_t[:, block] = np.eye(block.stop - block.start)
+            val = _residual_r2(moments, "val", target, block, residual_t)
+            if m not in best or val > best[m][0]:
+                best[m] = (val, alpha_a, residual_t, penalty)
+        del inverse
+    rows = []
+    for m, target in enumerate(names):
+        if m not in best:
+            raise LMDError(f"leave-one-out fit of {target!r}: no α of {list(grid)} gives a well-posed fit; "
+                           "include an α > 0")
+        val, alpha_m, residual_t, penalty = best[m]
+        block = slice(bounds[m], bounds[m + 1])
+        basis_penalty = penalty.copy()
+        basis_penalty[block] = 0.0
+        r2 = {"train": _residual_r2(moments, "train", target, block, residual_t, basis_penalty), "val": val,
+              "test": _residual_r2(moments, "test", target, block, residual_t)}
+        rows.extend({"target": target, "split": split, "r2": float(r2[split]), "alpha": alpha_m} for split in SPLITS)
+    if not strict:
+        warn_if_alpha_at_grid_edge(grid, {names[m]: best[m][1] for m in best}, "leave-one-out fits")
+    return rows
+
+
+def _residual_r2(moments: Moments, split: str, target: str, block: slice, residual_t: np.ndarray,
+                 train_penalty: np.ndarray | None = None) -> float:
+    """R² on ``split`` of the fit whose residual is e = Rᵀ(x − μ_train) (Rᵀ: q × width). On train,
+    ``train_penalty`` (width,: the basis columns' λ, 0 on the target's) gives the shortcut of
+    :func:`fit_leave_one_out`'s docstring instead of the width² × q product. Held out, from C
+    itself (S = C − n μμᵀ is never formed): Σ_rows r S rᵀ = Σ r C rᵀ − n ‖Rᵀμ‖²."""
+    n, mean = moments.count(split), moments.mean(split)
+    target_cols = np.arange(block.start, block.stop)
+    sst = _sst(moments, split, [target], target_cols, np.array([0]))[0]
+    if train_penalty is not None:
+        if split != "train":
+            raise LMDError("internal: the penalty shortcut holds on the train split only")
+        scatter_rows = moments.scatter_block("train", target_cols, np.arange(moments.width))
+        sse = np.sum(residual_t * scatter_rows) - np.sum(train_penalty * residual_t**2)
+    else:
+        residual_mean = residual_t @ mean
+        offset = residual_t @ (mean - moments.mean("train"))
+        sse = (np.sum(_quadratic_forms(moments.cross[split], residual_t)) - n * residual_mean @ residual_mean
+               + n * offset @ offset)
+    return float(1.0 - sse / sst)
+
+
+def summary_metrics(pairwise: list[dict], loo: list[dict]) -> dict:
+    """The DVC metrics: mean and per-model leave-one-out test R², mean pairwise test R²."""
+    loo_test = {r["target"]: r["r2"] for r in loo if r["split"] == "test"}
+    pair_test = [r["r2"] for r in pairwise if r["split"] == "test"]
+    return {
+        "loo_test_r2_mean": float(np.mean(list(loo_test.values()))),
+        "loo_test_r2": dict(sorted(loo_test.items())),
+        "pairwise_test_r2_mean": float(np.mean(pair_test)) if pair_test else None,
+    }

@@ -1,0 +1,447 @@
+"""The DAG end to end: config/smoke.yaml through Snakemake and through DVC, in a temporary copy.
+
+These run the real engines on the real packaged models and corpus; together they take
+about two minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from lmdecomp import lmd
+from lmdecomp.data import shards
+from lmdecomp.params import load_params
+
+pytestmark = pytest.mark.integration
+
+COPY = ["Snakefile", "params.yaml", "dvc.yaml", "workflow", "config", "src", ".dvc/config", ".dvcignore", ".gitignore"]
+ARTIFACTS = [
+    "results/corpus/sequences.parquet",
+    "results/lmd/moments.safetensors",
+    "results/lmd/block_moments.safetensors",
+    "results/lmd/pairwise.parquet",
+    "results/lmd/loo.parquet",
+    "results/lmd/selection.parquet",
+    "results/lmd/similarity.parquet",
+    "results/lmd/metrics.json",
+    "results/lmd/layers.parquet",
+    "results/figures/lmd_layers.png",
+    "results/figures/lmd_pairwise.png",
+    "results/figures/lmd_loo.png",
+    "results/figures/lmd_selection.png",
+    "results/figures/lmd_vs_cka.png",
+    "results/mpo/cassette/spectrum.parquet",
+    "results/mpo/cassette/ladder.parquet",
+    "results/mpo/cassette/loss.parquet",
+    "results/figures/mpo_tradeoff.png",
+    "results/variants/dense/model/config.json",
+    "results/variants/mpobert/model/mpobert.json",
+    "results/variants/mpobert/model/model.safetensors",
+    "results/variants/mpobert/metrics.json",
+    "results/tasks/bbc.parquet",
+    "results/tasks/tweets.json",
+    "results/finetune/bbc/mpobert-aux/metrics.json",
+    "results/finetune/tweets/dense/metrics.json",
+    "results/tables/finetune.csv",
+    "results/tables/lmd_loo.csv",
+    "results/figures/finetune_tradeoff.png",
+]
+
+
+def env():
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"], "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run(cmd, cwd, check=True, timeout=600):
+    proc = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def copy_repo(repo_root: Path, dest: Path) -> Path:
+    for name in COPY:
+        src = repo_root / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dest / name)
+    run(["git", "init", "-q"], dest)
+    return dest
+
+
+def all_result_files(root: Path) -> dict[str, bytes]:
+    files = {}
+    for path in sorted((root / "results").rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and "/logs/" not in rel and path.name not in (".gitignore", ".snakemake_timestamp"):
+            files[rel] = path.read_bytes()
+    return files
+
+
+@pytest.fixture(scope="module")
+def snakemake_run(repo_root, tmp_path_factory):
+    work = copy_repo(repo_root, tmp_path_factory.mktemp("snakemake"))
+    run(["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml"], work)
+    return work
+
+
+def test_snakemake_smoke_writes_every_artifact(snakemake_run, repo_root):
+    work = snakemake_run
+    params = load_params([repo_root / "params.yaml", repo_root / "config/smoke.yaml"],
+                         repo_root / "workflow/schemas/params.schema.yaml")
+    for rel in ARTIFACTS:
+        assert (work / rel).is_file(), rel
+
+    seqs = pq.read_table(work / "results/corpus/sequences.parquet")
+    assert seqs.num_rows == params["corpus"]["n_sequences"]
+    assert seqs.column("seq_id").to_pylist() == list(range(seqs.num_rows))
+    assert set(seqs.column("split").to_pylist()) == {"train", "val", "test"}
+    assert max(seqs.column("n_tokens").to_pylist()) == params["corpus"]["seq_len"]
+
+    dims = {"minilm": 384, "cassette": 128, "zoo-tiny": 32}
+    for name, dim in dims.items():
+        record = json.loads((work / "results/models" / name / "model.json").read_text())
+        assert record["hidden_size"] == dim and len(record["weights_sha256"]) == 64
+        folder = work / "results/embeddings" / name
+        manifest = shards.read_manifest(folder)
+        for key in ("model", "source", "weights_sha256", "layer", "pooling", "dim", "rows", "tokens", "shards"):
+            assert key in manifest, key
+        assert manifest["dim"] == dim and manifest["rows"] == seqs.num_rows
+        parts = list(shards.iter_shards(folder))  # verifies every checksum
+        ids = np.concatenate([p.seq_id for p in parts])
+        assert ids.tolist() == seqs.column("seq_id").to_pylist()
+        assert len(parts) == -(-seqs.num_rows // params["embed"]["shard_rows"])
+
+    pairwise = pl.read_parquet(work / "results/lmd/pairwise.parquet")
+    loo = pl.read_parquet(work / "results/lmd/loo.parquet")
+    assert pairwise.columns == ["basis", "target", "split", "r2", "alpha", "r2_lo", "r2_hi"]
+    assert loo.columns == ["target", "split", "r2", "alpha", "r2_lo", "r2_hi"]
+    assert pairwise.height == 3 * 2 * 3 and loo.height == 3 * 3
+    assert set(pairwise["alpha"]) <= set(params["lmd"]["alpha"])  # chosen on val from the grid
+    assert ((loo["r2_lo"] <= loo["r2"]) & (loo["r2"] <= loo["r2_hi"]) & (loo["r2_lo"] < loo["r2_hi"])).all()
+    selection = pl.read_parquet(work / "results/lmd/selection.parquet")
+    assert selection.height == 3 * 2 and set(selection["k"]) == {1, 2}
+    assert ((selection["test_r2_lo"] <= selection["test_r2"]) & (selection["test_r2"] <= selection["test_r2_hi"])).all()
+    similarity = pl.read_parquet(work / "results/lmd/similarity.parquet")
+    assert similarity.height == 3 and ((similarity["cka"] > 0) & (similarity["cka"] <= 1)).all()
+
+    zoo = json.loads((work / "results/models/zoo-tiny/model.json").read_text())
+    assert zoo["pretrain"]["val_loss"] < zoo["pretrain"]["initial_val_loss"]
+    ladder = pl.read_parquet(work / "results/mpo/cassette/ladder.parquet")
+    assert (ladder["rel_error"] <= ladder["budget"] + 1e-9).all()  # never over budget
+    assert ladder.filter(pl.col("budget") == 0)["rel_error"].max() < 1e-6
+    loss = pl.read_parquet(work / "results/mpo/cassette/loss.parquet")
+    assert loss.filter(pl.col("budget") == 0)["params"][0] == loss["dense_params"][0]
+    train = loo.filter(pl.col("split") == "train")["r2"]
+    assert ((train > 0) & (train < 1)).all()
+    metrics = json.loads((work / "results/lmd/metrics.json").read_text())
+    test_r2 = dict(loo.filter(pl.col("split") == "test").select("target", "r2").iter_rows())
+    assert metrics["loo_test_r2"] == pytest.approx(test_r2)
+    assert metrics["loo_test_r2_mean"] == pytest.approx(np.mean(list(test_r2.values())))
+    assert metrics["rows"] == {"granularity": "sequence"}
+
+    # Layer-wise: every hidden state of every model (embed.layers: all); at relative depth 1 the
+    # basis is every other model's last layer, so the fit is the main leave-one-out fit,
+    # computed here from a separate pass over the shards.
+    layered = pl.read_parquet(work / "results/lmd/layers.parquet")
+    depth = {"minilm": 6, "cassette": 2, "zoo-tiny": 1}
+    assert layered.height == 3 * sum(d + 1 for d in depth.values())
+    for model, n_layers in depth.items():
+        rows = layered.filter((pl.col("model") == model) & (pl.col("split") == "test")).sort("layer")
+        assert rows["layer"].to_list() == list(range(n_layers + 1))
+        assert rows["relative_depth"].to_list() == pytest.approx([k / n_layers for k in range(n_layers + 1)])
+        assert rows["r2"][-1] == pytest.approx(test_r2[model], abs=1e-8)
+    assert ((layered["r2_lo"] <= layered["r2"]) & (layered["r2"] <= layered["r2_hi"])).all()
+    for png in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "lmd_layers.png",
+                "mpo_tradeoff.png", "finetune_tradeoff.png"):
+        assert (work / "results/figures" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    finetuned = pl.read_csv(work / "results/tables/finetune.csv")
+    assert sorted(zip(finetuned["task"], finetuned["variant"])) == sorted(
+        (t["name"], v["name"]) for t in params["finetune"]["tasks"] for v in params["finetune"]["variants"])
+    variant = json.loads((work / "results/variants/mpobert/metrics.json").read_text())
+    assert variant["layers"] == params["mpobert"]["layers"]
+    assert variant["val_loss"]["grown"] == pytest.approx(variant["val_loss"]["healed"], rel=1e-5)
+    run_metrics = json.loads((work / "results/finetune/bbc/mpobert-aux/metrics.json").read_text())
+    assert run_metrics["trainable_parameters"] < run_metrics["parameters"]
+    assert run_metrics["parameters_by_role"]["shared_central"] > 0
+    tweets = json.loads((work / "results/tasks/tweets.json").read_text())
+    assert tweets["garbled_rows_skipped"] > 0 and tweets["examples"] == 300
+
+
+def test_dvc_agrees_with_snakemake_byte_for_byte(snakemake_run, repo_root, tmp_path):
+    """snakemake, then `dvc commit`: `dvc status` is clean; `dvc repro --force` rewrites every
+    artifact with the same bytes; a further `dvc repro` does nothing."""
+    work = copy_repo(repo_root, tmp_path)
+    merged = load_params([repo_root / "params.yaml", repo_root / "config/smoke.yaml"])
+    (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
+    run(["snakemake", "--cores", "2"], work)
+    by_snakemake = all_result_files(work)
+    clean = {k: v for k, v in all_result_files(snakemake_run).items() if k != "results/report.html"}
+    assert by_snakemake == clean  # params.yaml merged by hand == params.yaml + --configfile
+
+    run(["dvc", "commit", "--force"], work)
+    assert "up to date" in run(["dvc", "status"], work).stdout
+
+    run(["dvc", "repro", "--force"], work)
+    by_dvc = all_result_files(work)
+    assert sorted(by_dvc) == sorted(by_snakemake)
+    assert [rel for rel in by_snakemake if by_snakemake[rel] != by_dvc[rel]] == []
+
+    again = run(["dvc", "repro"], work)
+    assert "Running stage" not in again.stdout
+    assert "up to date" in again.stdout
+
+    metrics = json.loads(run(["dvc", "metrics", "show", "--json"], work).stdout)
+    shown = json.dumps(metrics)
+    assert "loo_test_r2_mean" in shown and "results/finetune/bbc/mpobert/metrics.json" in shown
+    plots = json.loads(run(["dvc", "plots", "show", "--json", "--split"], work).stdout)["data"]
+    loo_rows = list(csv.DictReader(io.StringIO((work / "results/tables/lmd_loo.csv").read_text())))
+    for title in ("Leave-one-out LMD, test R² per target", "Fine-tuning, test accuracy against parameters",
+                  "results/figures/lmd_loo.png", "results/figures/finetune_tradeoff.png"):
+        assert title in plots, sorted(plots)
+    loo_data = json.dumps(plots["Leave-one-out LMD, test R² per target"])
+    assert all(row["target"] in loo_data for row in loo_rows)
+
+    # stages are named by model, and each tracks its own model's spec: editing one model
+    # leaves the others' stages up to date (as Snakemake does)
+    stages = run(["dvc", "stage", "list", "--name-only"], work).stdout.split()
+    assert {"model@minilm", "model@zoo-tiny", "embed@cassette"} <= set(stages)
+    edited = yaml.safe_load((work / "params.yaml").read_text())
+    edited["models"]["zoo-tiny"]["pretrain"]["seed"] = 1
+    (work / "params.yaml").write_text(yaml.safe_dump(edited, sort_keys=False))
+    changed = run(["dvc", "status"], work).stdout
+    assert "model@zoo-tiny:" in changed and "embed@zoo-tiny:" in changed
+    assert "model@minilm:" not in changed and "embed@cassette:" not in changed
+    (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
+
+    # an experiment with one parameter changed runs the DAG again with it
+    run(["git", "add", "-A"], work)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "smoke"], work)
+    run(["dvc", "exp", "run", "-S", "corpus.seq_len=64"], work, timeout=900)
+    seqs = pq.read_table(work / "results/corpus/sequences.parquet")
+    assert max(seqs.column("n_tokens").to_pylist()) == 64
+    assert yaml.safe_load((work / "params.yaml").read_text())["corpus"]["seq_len"] == 64
+    assert run(["dvc", "exp", "list", "--name-only"], work).stdout.split()  # the experiment is recorded
+    shown = run(["dvc", "metrics", "show", "--json"], work)
+    assert "loo_test_r2_mean" in shown.stdout
+
+
+def test_shards_per_job_splits_the_moments_pass_and_reduces_to_the_same_bytes(snakemake_run, repo_root, tmp_path):
+    """lmd.shards_per_job: one moments_part job per shard (4 here), then the reduce; the moments
+    files are byte-identical to the one-pass run's."""
+    work = copy_repo(repo_root, tmp_path / "parts")
+    shutil.copytree(snakemake_run / "results", work / "results", copy_function=shutil.copy2)
+    for rel in ("results/lmd", "results/figures", "results/tables"):
+        shutil.rmtree(work / rel, ignore_errors=True)
+    (work / "parts.yaml").write_text("lmd:\n  shards_per_job: 1\n")
+    configs = ["--configfile", "config/smoke.yaml", "parts.yaml"]
+    targets = ["results/lmd/moments.safetensors", "results/lmd/block_moments.safetensors"]
+    planned = run(["snakemake", *targets, "-n", "--cores", "2", *configs], work).stdout
+    assert planned.count("rule moments_part:") == 4 and "rule embed:" not in planned
+    run(["snakemake", *targets, "--cores", "2", *configs], work)
+    for rel in targets:
+        assert (work / rel).read_bytes() == (snakemake_run / rel).read_bytes(), rel
+    assert not list((work / "results/lmd/parts").glob("*.safetensors"))  # temp() parts are removed
+
+
+@pytest.mark.parametrize("per_job", [None, 1])
+def test_lmd_without_bootstrap_keeps_no_block_moments(snakemake_run, repo_root, tmp_path, per_job):
+    """lmd.bootstrap: 0 (config/paper.yaml's setting for wide models): the moments stage takes the
+    streaming pass and keeps no block moments (the blocks file holds zero blocks), as one job or
+    in parts (byte-identical to the one-pass command DVC runs); the fits equal the bootstrapped
+    smoke run's estimates, without intervals."""
+    work = copy_repo(repo_root, tmp_path / "nobootstrap")
+    shutil.copytree(snakemake_run / "results", work / "results", copy_function=shutil.copy2)
+    for rel in ("results/lmd", "results/figures", "results/tables"):
+        shutil.rmtree(work / rel, ignore_errors=True)
+    (work / "nob.yaml").write_text("lmd:\n  bootstrap: 0\n" + (f"  shards_per_job: {per_job}\n" if per_job else ""))
+    configs = ["--configfile", "config/smoke.yaml", "nob.yaml"]
+    targets = ["results/lmd/loo.parquet", "results/lmd/pairwise.parquet"]
+    planned = run(["snakemake", *targets, "-n", "--cores", "2", *configs], work).stdout
+    assert planned.count("rule moments_part:") == (4 if per_job else 0) and "rule embed:" not in planned
+    run(["snakemake", *targets, "--cores", "2", *configs], work)
+    assert len(lmd.BlockMoments.load(work / "results/lmd/block_moments.safetensors")) == 0
+    if per_job:  # dvc repro runs the one-pass command on the same params: the same bytes
+        run([sys.executable, "workflow/scripts/moments.py", "--params", "params.yaml", "config/smoke.yaml",
+             "nob.yaml", "--embeddings", "results/embeddings", "--sequences", "results/corpus/sequences.parquet",
+             "--out", "one.safetensors", "--blocks", "one_blocks.safetensors"], work)
+        assert (work / "one.safetensors").read_bytes() == (work / "results/lmd/moments.safetensors").read_bytes()
+    ours, ref = (lmd.Moments.load(w / "results/lmd/moments.safetensors") for w in (work, snakemake_run))
+    for s in lmd.SPLITS:
+        assert ours.n[s] == ref.n[s] > 0
+        np.testing.assert_allclose(ours.cross[s], ref.cross[s], rtol=1e-12, atol=1e-9)
+    for table in ("loo", "pairwise"):
+        got, want = (pq.read_table(w / f"results/lmd/{table}.parquet").to_pylist() for w in (work, snakemake_run))
+        assert "r2_lo" not in got[0] and "r2_lo" in want[0]
+        assert [(r.get("basis"), r["target"], r["split"], r["alpha"]) for r in got] == \
+               [(r.get("basis"), r["target"], r["split"], r["alpha"]) for r in want]
+        np.testing.assert_allclose([r["r2"] for r in got], [r["r2"] for r in want], rtol=0, atol=1e-9)
+
+
+def test_word_granularity_runs_lmd_on_words_shared_by_every_tokenizer(repo_root, tmp_path):
+    """config/words.yaml on the smoke config: word rows for three tokenizers' models, every word
+    kept through windows, the LMD fits on the aligned words and their count in the metrics."""
+    work = copy_repo(repo_root, tmp_path)
+    configs = ["--configfile", "config/smoke.yaml", "config/words.yaml"]
+    run(["snakemake", "results/lmd/metrics.json", "results/lmd/similarity.parquet", "--cores", "2", *configs], work)
+    seqs = pq.read_table(work / "results/corpus/sequences.parquet")
+    manifests = {m: shards.read_manifest(work / "results/embeddings" / m) for m in ("minilm", "cassette", "zoo-tiny")}
+    keys = {}
+    for name, manifest in manifests.items():
+        assert manifest["granularity"] == "word" and manifest["sequences"] == seqs.num_rows
+        parts = list(shards.iter_shards(work / "results/embeddings" / name))
+        keys[name] = {(s, w) for p in parts for s, w in zip(p.seq_id.tolist(), p.word_idx.tolist())}
+        assert manifest["rows"] == len(keys[name]) == (manifest["words"] - manifest["words_truncated"]
+                                                       - manifest["words_without_tokens"])
+    n_words = manifests["minilm"]["words"]
+    assert len({m["words"] for m in manifests.values()}) == 1 and n_words > seqs.num_rows
+    # zoo-tiny reads 32 tokens at a time, the others 64; with overflow: windows (the default)
+    # every model still embeds every word
+    assert manifests["zoo-tiny"]["windowed_sequences"] > manifests["minilm"]["windowed_sequences"]
+    assert all(m["words_truncated"] == 0 and m["overflow"] == "windows" for m in manifests.values())
+    common = set.intersection(*keys.values())
+    assert len(common) == n_words
+    metrics = json.loads((work / "results/lmd/metrics.json").read_text())
+    assert metrics["rows"] == {"granularity": "word", "words": n_words, "words_kept": len(common),
+                               "words_dropped": n_words - len(common)}
+    moments = lmd.Moments.load(work / "results/lmd/moments.safetensors")
+    assert sum(moments.n.values()) == len(common)
+    loo = pl.read_parquet(work / "results/lmd/loo.parquet").filter(pl.col("split") == "test")
+    assert loo.height == 3 and (loo["r2"] > 0).all()
+    assert pl.read_parquet(work / "results/lmd/similarity.parquet").height == 3
+
+
+@pytest.mark.parametrize("overlay", ["config/paper.yaml", "config/full.yaml"])
+def test_other_configs_plan_the_whole_dag_from_a_clean_checkout(repo_root, tmp_path, overlay):
+    """`snakemake -n` plans every stage for every model of the overlay (nothing downloaded)."""
+    work = copy_repo(repo_root, tmp_path)
+    out = run(["snakemake", "-n", "--cores", "1", "--configfile", overlay], work).stdout
+    params = load_params([repo_root / "params.yaml", repo_root / overlay])
+    for model in params["models"]:
+        assert f"results/embeddings/{model}" in out, model
+    # the overlay's models replace params.yaml's: none of the default zoo is planned
+    planned = set(re.findall(r"results/embeddings/([\w-]+)", out))
+    assert planned == set(params["models"]), planned ^ set(params["models"])
+    for task in params["finetune"]["tasks"]:
+        for variant in params["finetune"]["variants"]:
+            assert f"results/finetune/{task['name']}/{variant['name']}/metrics.json" in out
+    assert "results/figures/mpo_tradeoff.png" in out
+
+
+def test_config_on_the_command_line_is_refused(repo_root, tmp_path):
+    """--config values would not reach the job scripts (they read the config files)."""
+    work = copy_repo(repo_root, tmp_path)
+    proc = run(["snakemake", "-n", "--cores", "1", "--config", "lmd={'alpha': 0.5}"], work, check=False)
+    assert proc.returncode != 0
+    assert "--config overrides are not passed to the job scripts" in proc.stdout + proc.stderr
+
+
+def test_broken_params_stop_snakemake_before_any_job(repo_root, tmp_path):
+    work = copy_repo(repo_root, tmp_path)
+    (work / "bad.yaml").write_text("embed:\n  pooling: median\n")
+    proc = run(["snakemake", "-n", "--cores", "1", "--configfile", "bad.yaml"], work, check=False)
+    assert proc.returncode != 0
+    assert "pooling" in proc.stdout + proc.stderr and "median" in proc.stdout + proc.stderr
+    # A rule across keys (the schema allows each value alone) is checked before any job too.
+    (work / "bad.yaml").write_text("embed:\n  pooling: cls\n")
+    proc = run(["snakemake", "-n", "--cores", "1", "--configfile", "bad.yaml"], work, check=False)
+    assert proc.returncode != 0 and "set embed.overflow: truncate" in proc.stdout + proc.stderr
+    assert not (work / "results").exists() or not any((work / "results").rglob("*.parquet"))
+
+
+def test_report_collects_every_figure(snakemake_run):
+    run(["snakemake", "--configfile", "config/smoke.yaml", "--report", "results/report.html"], snakemake_run)
+    html = (snakemake_run / "results/report.html").read_text(errors="replace")
+    for name in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "lmd_layers.png",
+                 "mpo_tradeoff.png", "finetune_tradeoff.png", "finetune.csv", "pairwise.parquet", "loo.parquet", "metrics.json"):
+        assert name in html, name
+    assert "asymmetric" in html  # a caption made it in
+
+
+def test_a_library_change_reruns_the_jobs_that_import_it_and_nothing_else(snakemake_run, repo_root, tmp_path):
+    """Snakemake takes each job's code from dvc.yaml's deps, so editing a module reruns its
+    stages (as `dvc repro` does) instead of leaving stale results."""
+    work = copy_repo(repo_root, tmp_path / "edit")
+    shutil.copytree(snakemake_run / "results", work / "results", copy_function=shutil.copy2)
+    configs = ["--configfile", "config/smoke.yaml"]
+    assert "Nothing to be done" in run(["snakemake", "-n", "--cores", "1", *configs], work).stdout
+    later = time.time() + 60
+    os.utime(work / "src/lmdecomp/models/attention.py", (later, later))  # embed imports it
+    planned = run(["snakemake", "-n", "--cores", "1", *configs], work).stdout
+    rules = set(re.findall(r"^rule (\w+):", planned, flags=re.M))
+    assert {"embed", "moments", "lmd_fit", "lmd_layers", "lmd_figures"} <= rules
+    assert not rules & {"corpus", "model", "mpo", "variant", "task", "finetune"}
+
+
+def test_sigkill_during_embedding_then_rerun_gives_the_same_artifacts(snakemake_run, repo_root, tmp_path):
+    import signal
+    import time
+
+    work = copy_repo(repo_root, tmp_path)
+    cmd = ["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml"]
+    proc = subprocess.Popen(cmd, cwd=work, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 600
+    embeddings = work / "results/embeddings"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(embeddings.glob(".*.partial/part-*.parquet")):  # a job has finished a shard
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "snakemake finished before embedding started; nothing was interrupted"
+    os.killpg(proc.pid, signal.SIGKILL)  # snakemake and every job it started
+    proc.wait()
+    assert not (work / "results/lmd/metrics.json").exists()
+    # Shards finished before the kill, in the jobs' work folders (.{model}.partial).
+    finished = {(folder.name[1:-len(".partial")], shard.name): shard.stat().st_ino
+                for folder in embeddings.glob(".*.partial") for shard in folder.glob("part-*.parquet")}
+    assert finished, "no finished shard in a work folder at the kill"
+
+    run(["snakemake", "--unlock", *cmd[1:]], work)
+    run([*cmd, "--rerun-incomplete"], work)
+    killed, clean = all_result_files(work), all_result_files(snakemake_run)
+    clean.pop("results/report.html", None)
+    assert sorted(killed) == sorted(clean)
+    assert [rel for rel in clean if clean[rel] != killed[rel]] == []
+    # The rerun resumed: the same files (not rewritten copies) became the output's shards.
+    for (model, shard), inode in finished.items():
+        assert (embeddings / model / shard).stat().st_ino == inode, (model, shard)
+    assert not list(embeddings.glob(".*.partial"))
+
+
+def test_a_bad_model_leaves_nothing_half_written_and_keep_going_finishes_the_rest(repo_root, tmp_path):
+    work = copy_repo(repo_root, tmp_path)
+    broken = work / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    (broken / "vocab.txt").write_text("[PAD]\n")  # a tokenizer file, but no weights
+    smoke = yaml.safe_load((work / "config/smoke.yaml").read_text())
+    smoke["models"]["broken"] = {"path": str(broken)}
+    (work / "bad.yaml").write_text(yaml.safe_dump(smoke, sort_keys=False))
+    proc = run(["snakemake", "--cores", "2", "--configfile", "bad.yaml", "--keep-going"], work, check=False)
+    assert proc.returncode != 0
+    assert "model 'broken'" in (work / "results/logs/model/broken.log").read_text()
+    assert not (work / "results/models/broken").exists()
+    assert not (work / "results/embeddings/broken").exists()
+    for name in ("minilm", "cassette", "zoo-tiny"):  # the independent jobs still finished
+        assert (work / "results/embeddings" / name / "manifest.json").is_file(), name
+    assert not (work / "results/lmd/moments.safetensors").exists()
