@@ -56,9 +56,9 @@ bench: install
 	$(BIN)/python benchmarks/bench_lmd.py $(BENCH_ARGS) $(if $(wildcard results/lmd/metrics.json),--zoo results/embeddings) || status=1; \
 	exit $$status
 
-# snakemake --lint, allowing only the two lints the workflow answers by design (see tests/test_lint.py).
+# snakemake --lint, allowing only the two lints the workflow answers by design (see tests/workflow/test_lint.py).
 lint: install
-	$(BIN)/python -m pytest -q tests/test_lint.py
+	$(BIN)/python -m pytest -q tests/workflow/test_lint.py
 
 clean:
 	rm -rf results/* .snakemake

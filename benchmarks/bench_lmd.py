@@ -3,7 +3,7 @@
 Synthetic embeddings: M = 12 models of width d = 768 sharing a rank-64 latent structure,
 x_m = Z A_m + 0.5·E_m (Z: rows × 64, A_m: 64 × 768, E_m: i.i.d. noise; seeded), with
 N train rows plus N/8 val and N/8 test rows, written as Parquet shards (2,048 rows each)
-through lmdecomp.shards, as the embed step writes them. Joint width W = 12 × 768 = 9,216.
+through lmdecomp.data.shards, as the embed step writes them. Joint width W = 12 × 768 = 9,216.
 
 Timed in one run, on 2 threads:
 

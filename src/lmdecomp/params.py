@@ -138,7 +138,7 @@ def check_params(params: Mapping[str, Any]) -> None:
     """Rules across keys that the JSON schema does not express; every broken one is named."""
     problems = []
     names = list(params.get("models", {}))
-    # A document is keyed (and its split seeded) by (source name, doc id); lmdecomp.corpus
+    # A document is keyed (and its split seeded) by (source name, doc id); lmdecomp.data.corpus
     # checks this too when it runs.
     twice = repeated_names(params.get("corpus", {}).get("sources", []))
     if twice:

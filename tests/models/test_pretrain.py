@@ -1,4 +1,4 @@
-"""Tests for lmdecomp.zoo (tokenizers, models, pretraining) and lmdecomp.train.
+"""Tests for lmdecomp.models.zoo (tokenizers, models, pretraining) and lmdecomp.models.train.
 
 Everything is tiny and runs on CPU with one torch thread (the machine is shared;
 tiny matmuls are faster single-threaded and results are bit-reproducible for a
@@ -502,7 +502,7 @@ def test_edited_recipe_after_kill_starts_fresh(edit, corpus, tmp_path, caplog):
     stop = pretrain(old, train, val, out, progress=False, checkpoint_every=5, max_steps_this_run=7)
     assert stop["completed"] is False
     assert (tmp_path / "m.work" / "checkpoint" / "checkpoint.pt").exists()
-    with caplog.at_level("WARNING", logger="lmdecomp.train"):
+    with caplog.at_level("WARNING", logger="lmdecomp.models.train"):
         got = pretrain(new, train, val, out, progress=False, checkpoint_every=5)
     assert got == ref
     assert _files(out) == _files(tmp_path / "ref")

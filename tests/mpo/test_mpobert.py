@@ -15,7 +15,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertFo
 from lmdecomp.data import corpus
 from lmdecomp.mpo import mpobert
 from lmdecomp.models import train
-from lmdecomp.mpo.decompose import contract_cores
+from lmdecomp.mpo.decompose import contract_cores, factorize
 from lmdecomp.mpo.layer import MPOLinear
 from lmdecomp.models import masking
 from conftest import package_folder
@@ -210,7 +210,7 @@ def test_a_prime_width_is_refused_for_central_sharing():
     config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=67, max_position_embeddings=64)
     base = BertForMaskedLM(config).eval()
-    assert mpobert.factorize(67, 5) == [1, 1, 67, 1, 1]  # the whole side on the central core
+    assert factorize(67, 5) == [1, 1, 67, 1, 1]  # the whole side on the central core
     with pytest.raises(ValueError, match=r"width 67 of ffn_in into 5 cores: it factorizes as \[1, 1, 67, 1, 1\]"):
         mpobert.build(base, mpobert.MPOBertConfig(num_layers=2, bond=4))
     deep, _ = mpobert.build(base, mpobert.MPOBertConfig(num_layers=2, sharing="layer"))  # no MPO there

@@ -150,7 +150,7 @@ class SlurmCluster:
         r = self.root
         node = " ".join(f"{k}={v}" for k, v in self.node.items() if k != "UpTime")
         self.conf.write_text(f"""\
-# Written by tests/test_slurm.py: one node, no accounting, everything under {r}
+# Written by tests/workflow/test_slurm.py: one node, no accounting, everything under {r}
 ClusterName=lmdtest
 SlurmctldHost={self.node['NodeName']}(127.0.0.1)
 SlurmUser=root

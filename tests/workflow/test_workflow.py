@@ -188,6 +188,31 @@ def test_snakemake_smoke_writes_every_artifact(snakemake_run, repo_root):
     assert tweets["garbled_rows_skipped"] > 0 and tweets["examples"] == 300
 
 
+def test_decompose_on_the_smoke_shards_equals_the_pipelines_tables(snakemake_run, repo_root):
+    """lmdecomp.decompose on the arrays read from the smoke run's shards gives the R², α and
+    bootstrap intervals of results/lmd/pairwise.parquet and loo.parquet (to 1e-10)."""
+    import lmdecomp
+
+    params = load_params([repo_root / "params.yaml", repo_root / "config/smoke.yaml"])
+    arrays, split, seq_ids = {}, None, None
+    for name in params["models"]:
+        parts = list(shards.iter_shards(snakemake_run / "results/embeddings" / name))
+        ids = np.concatenate([p.seq_id for p in parts])
+        assert seq_ids is None or np.array_equal(ids, seq_ids)  # rows aligned across models
+        seq_ids, split = ids, np.concatenate([p.split for p in parts])
+        arrays[name] = np.concatenate([p.embedding for p in parts])
+    cfg = params["lmd"]
+    got = lmdecomp.decompose(arrays, split, alpha=cfg["alpha"], bootstrap=cfg["bootstrap"],
+                             n_blocks=cfg["bootstrap_blocks"], level=cfg["ci_level"], seed=cfg["seed"])
+    for table, keys in (("pairwise", ["basis", "target", "split"]), ("loo", ["target", "split"])):
+        want = pl.read_parquet(snakemake_run / f"results/lmd/{table}.parquet").sort(keys)
+        mine = getattr(got, table).sort(keys)
+        assert mine.columns == want.columns and mine.select(keys).equals(want.select(keys)), table
+        assert mine["alpha"].to_list() == want["alpha"].to_list(), table
+        for column in ("r2", "r2_lo", "r2_hi"):
+            assert np.abs(mine[column].to_numpy() - want[column].to_numpy()).max() < 1e-10, (table, column)
+
+
 def test_dvc_agrees_with_snakemake_byte_for_byte(snakemake_run, repo_root, tmp_path):
     """snakemake, then `dvc commit`: `dvc status` is clean; `dvc repro --force` rewrites every
     artifact with the same bytes; a further `dvc repro` does nothing."""

@@ -1,4 +1,4 @@
-"""Sample the corpus into results/corpus/sequences.parquet (see lmdecomp.corpus)."""
+"""Sample the corpus into results/corpus/sequences.parquet (see lmdecomp.data.corpus)."""
 
 import argparse
 import json

@@ -1,4 +1,4 @@
-"""Embed the sequences with one model into Parquet shards (see lmdecomp.embed)."""
+"""Embed the sequences with one model into Parquet shards (see lmdecomp.models.embed)."""
 
 import argparse
 import json

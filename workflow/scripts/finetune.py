@@ -1,4 +1,4 @@
-"""Fine-tune one variant on one task (see lmdecomp.finetune); writes metrics.json."""
+"""Fine-tune one variant on one task (see lmdecomp.mpo.finetune); writes metrics.json."""
 
 import argparse
 import json

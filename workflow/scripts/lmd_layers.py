@@ -1,5 +1,5 @@
 """Layer-wise leave-one-out LMD over every stored hidden state (embed.layers), matched by
-relative depth, with bootstrap intervals (see lmdecomp.layers)."""
+relative depth, with bootstrap intervals (see lmdecomp.lmd.layers)."""
 
 import argparse
 from pathlib import Path

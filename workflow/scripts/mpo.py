@@ -1,4 +1,4 @@
-"""MPO trade-off of one model: spectra, truncation ladder, val masked-LM loss (see lmdecomp.compression)."""
+"""MPO trade-off of one model: spectra, truncation ladder, val masked-LM loss (see lmdecomp.mpo.compression)."""
 
 import argparse
 from pathlib import Path

@@ -1,5 +1,5 @@
 """CKA (biased and unbiased HSIC) and mutual k-NN alignment on the same shards as LMD
-(see lmdecomp.similarity)."""
+(see lmdecomp.lmd.similarity)."""
 
 import argparse
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Read one labelled task into results/tasks/{task}.parquet (+ .json record; see lmdecomp.tasks)."""
+"""Read one labelled task into results/tasks/{task}.parquet (+ .json record; see lmdecomp.data.tasks)."""
 
 import argparse
 import json

@@ -1,4 +1,4 @@
-"""Build one model variant from the MPOBERT base and pretrain it (see lmdecomp.variants)."""
+"""Build one model variant from the MPOBERT base and pretrain it (see lmdecomp.mpo.variants)."""
 
 import argparse
 from pathlib import Path

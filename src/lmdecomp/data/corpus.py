@@ -242,64 +242,24 @@ def build_sequences(cfg: Mapping[str, Any], tokenizer, progress: bool = False,
     seed = int(cfg["seed"])
     fractions = cfg["splits"]
     _check_fractions(fractions)
-    # A private copy of the fast tokenizer with truncation and padding off: a saved
-    # tokenizer.json may carry a max_length that would silently cut every document.
-    from tokenizers import Tokenizer
-
-    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-    backend.no_truncation()
-    backend.no_padding()
+    backend = _plain_backend(tokenizer)
 
     check_source_names(cfg["sources"])
     stats = ReadStats()
-    chunk_doc, chunk_start, chunk_end, chunk_tokens = (array("q") for _ in range(4))
-    doc_split = array("b")  # index into SPLITS, per document
     documents = tqdm(_unique_documents(cfg["sources"], stats), desc="corpus", unit="doc", disable=not progress)
-    for batch in _batches(documents, batch_documents):
-        encodings = backend.encode_batch([d.text for d in batch], add_special_tokens=False)
-        for doc, enc in zip(batch, encodings):
-            for start, end, n in chunk_offsets(enc.offsets, seq_len, min_tokens):
-                chunk_doc.append(len(doc_split))
-                chunk_start.append(start)
-                chunk_end.append(end)
-                chunk_tokens.append(n)
-            doc_split.append(SPLITS.index(split_of(f"{doc.source}/{doc.doc_id}", seed, fractions)))
-    stats.documents = len(doc_split)
-    if not doc_split:
+    chunks = _index_chunks(documents, backend, seq_len, min_tokens, seed, fractions, batch_documents)
+    stats.documents = len(chunks.doc_split)
+    if not chunks.doc_split:
         raise CorpusError("the corpus is empty: no non-blank documents in corpus.sources")
 
-    available = len(chunk_doc)
-    wanted = cfg.get("n_sequences")
-    if wanted is None:
-        wanted = available
-    if wanted > available:
-        raise CorpusError(
-            f"corpus.n_sequences={wanted} but the sources yield only {available} chunks of "
-            f"{min_tokens}..{seq_len} tokens; lower corpus.n_sequences or add corpus.sources"
-        )
-    rng = np.random.default_rng(seed)
-    # Sorted so seq_id follows document order; the choice itself is the seeded permutation.
-    chosen = np.sort(rng.permutation(available)[:wanted])
-    chosen_doc = np.asarray(chunk_doc)[chosen]
-    chosen_split = np.asarray(doc_split)[chosen_doc]
+    available = len(chunks.doc)
+    wanted, chosen = _sample_chunks(cfg.get("n_sequences"), available, seed, seq_len, min_tokens)
+    chosen_doc = np.asarray(chunks.doc)[chosen]
+    chosen_split = np.asarray(chunks.doc_split)[chosen_doc]
 
-    rows: dict[str, list] = {k: [] for k in ("text", "source", "doc_id", "char_start", "char_end")}
-    position = 0
-    for index, doc in enumerate(_unique_documents(cfg["sources"], ReadStats())):
-        while position < len(chosen) and chosen_doc[position] == index:
-            start, end = chunk_start[chosen[position]], chunk_end[chosen[position]]
-            rows["text"].append(doc.text[start:end])
-            rows["source"].append(doc.source)
-            rows["doc_id"].append(doc.doc_id)
-            rows["char_start"].append(start)
-            rows["char_end"].append(end)
-            position += 1
-        if position == len(chosen):
-            break
-    if position != len(chosen):
-        raise CorpusError("the corpus sources changed while they were read; rerun the corpus step")
+    rows = _chosen_rows(cfg["sources"], chunks, chosen, chosen_doc)
     columns = {"seq_id": np.arange(wanted, dtype=np.int64), "split": [SPLITS[k] for k in chosen_split],
-               "n_tokens": np.asarray(chunk_tokens)[chosen], **rows}
+               "n_tokens": np.asarray(chunks.tokens)[chosen], **rows}
     table = pa.table([pa.array(columns[f.name], type=f.type) for f in SEQUENCES_SCHEMA], schema=SEQUENCES_SCHEMA)
     counts = {s: int(np.sum(chosen_split == k)) for k, s in enumerate(SPLITS)}
     if counts["train"] == 0:
@@ -313,9 +273,83 @@ def build_sequences(cfg: Mapping[str, Any], tokenizer, progress: bool = False,
         "chunks_available": available,
         "sequences": int(wanted),
         "split_counts": counts,
-        "tokens": int(np.asarray(chunk_tokens)[chosen].sum()),
+        "tokens": int(np.asarray(chunks.tokens)[chosen].sum()),
     }
     return table, report
+
+
+def _plain_backend(tokenizer):
+    """A private copy of ``tokenizer``'s fast backend with truncation and padding off."""
+    # A saved tokenizer.json may carry a max_length that would silently cut every document.
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
+
+
+class _ChunkIndex:
+    """Pass 1's result: per chunk, its document number, character span and token count;
+    per document (numbered in reading order), its split."""
+
+    def __init__(self) -> None:
+        # Flat typed arrays, not objects: 32 bytes a chunk however large the corpus.
+        self.doc, self.start, self.end, self.tokens = (array("q") for _ in range(4))
+        self.doc_split = array("b")  # index into SPLITS, per document
+
+
+def _index_chunks(documents: Iterable[Document], backend, seq_len: int, min_tokens: int, seed: int,
+                  fractions: Mapping[str, float], batch_documents: int) -> _ChunkIndex:
+    """Pass 1 (steps 3–4): tokenise ``batch_documents`` documents at a time, keep only the chunks' spans."""
+    chunks = _ChunkIndex()
+    for batch in _batches(documents, batch_documents):
+        encodings = backend.encode_batch([d.text for d in batch], add_special_tokens=False)
+        for doc, enc in zip(batch, encodings):
+            for start, end, n in chunk_offsets(enc.offsets, seq_len, min_tokens):
+                chunks.doc.append(len(chunks.doc_split))
+                chunks.start.append(start)
+                chunks.end.append(end)
+                chunks.tokens.append(n)
+            chunks.doc_split.append(SPLITS.index(split_of(f"{doc.source}/{doc.doc_id}", seed, fractions)))
+    return chunks
+
+
+def _sample_chunks(wanted: int | None, available: int, seed: int, seq_len: int,
+                   min_tokens: int) -> tuple[int, np.ndarray]:
+    """Step 5: ``(wanted, chosen)``, the sorted indices of ``wanted`` seeded chunks (all when None)."""
+    if wanted is None:
+        wanted = available
+    if wanted > available:
+        raise CorpusError(
+            f"corpus.n_sequences={wanted} but the sources yield only {available} chunks of "
+            f"{min_tokens}..{seq_len} tokens; lower corpus.n_sequences or add corpus.sources"
+        )
+    rng = np.random.default_rng(seed)
+    # Sorted so seq_id follows document order; the choice itself is the seeded permutation.
+    return wanted, np.sort(rng.permutation(available)[:wanted])
+
+
+def _chosen_rows(sources: Iterable[Mapping[str, Any]], chunks: _ChunkIndex, chosen: np.ndarray,
+                 chosen_doc: np.ndarray) -> dict[str, list]:
+    """Pass 2: read the sources again and cut out the text (and provenance) of the chosen chunks."""
+    rows: dict[str, list] = {k: [] for k in ("text", "source", "doc_id", "char_start", "char_end")}
+    position = 0
+    # chosen is sorted, so its chunks come in document order: one forward scan suffices.
+    for index, doc in enumerate(_unique_documents(sources, ReadStats())):
+        while position < len(chosen) and chosen_doc[position] == index:
+            start, end = chunks.start[chosen[position]], chunks.end[chosen[position]]
+            rows["text"].append(doc.text[start:end])
+            rows["source"].append(doc.source)
+            rows["doc_id"].append(doc.doc_id)
+            rows["char_start"].append(start)
+            rows["char_end"].append(end)
+            position += 1
+        if position == len(chosen):
+            break
+    if position != len(chosen):
+        raise CorpusError("the corpus sources changed while they were read; rerun the corpus step")
+    return rows
 
 
 def write_sequences(table: pa.Table, path: str | Path) -> None:

@@ -15,7 +15,7 @@ Two formats, named in ``finetune.tasks`` of params.yaml:
 
 Exact duplicate texts (retweets, reposts) are kept once, so no text sits in two splits.
 ``max_examples`` keeps a seeded random subset. Each example goes to train/val/test by a
-seeded hash of its text (:func:`lmdecomp.corpus.split_of`), so the split of an example
+seeded hash of its text (:func:`lmdecomp.data.corpus.split_of`), so the split of an example
 does not depend on which others are present.
 """
 

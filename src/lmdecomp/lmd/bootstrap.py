@@ -59,7 +59,7 @@ def bootstrap_r2_samples(
     the gathered blocks, B · (p² + pq + q) · 8 bytes per split used (train included), plus per
     chunk the train and one held-out split's S_zz and S_zu (each pair < one (R, w, w) array) and
     up to four (R, p, q) products (each ≤ ¼ of one, as pq ≤ w²/4): < 3 × 128 MB beyond the
-    gathered blocks (tests/test_lmd_depth.py holds the bound).
+    gathered blocks (tests/lmd/test_lmd_depth.py holds the bound).
     """
     if _alpha_grid(alpha) is not None:
         raise LMDError("bootstrap_r2 takes one α; pass the α chosen on the full data (the fit row's alpha)")
@@ -75,83 +75,130 @@ def bootstrap_r2_samples(
     cols = np.concatenate([blocks.columns(basis), blocks.columns([target])])
     p, w = len(blocks.columns(basis)), len(cols)
     basis_dims = [blocks.dims[blocks.names.index(b)] for b in basis]
-    zi, ui = np.arange(p), np.arange(p, w)
-    n_blocks = len(blocks)
-    # the full data's train moments: a constant basis model fails every replicate the same way
-    n_all = blocks.n[:, 0].sum()
-    if n_all > 0:
-        sum_all = blocks.sums[:, 0][:, cols[:p]].sum(axis=0)
-        square_all = blocks.cross[:, 0][:, cols[:p], cols[:p]].sum(axis=0)  # diagonal of Σ_b C_b
-        _check_basis_variance(basis, basis_dims, square_all - sum_all**2 / n_all, square_all)
-    weights = bootstrap_weights(n_blocks, n_boot, seed).astype(np.float64)
-
-    zcols, ucols = cols[:p], cols[p:]
-
-    def gather(cross_k, rows, columns):
-        """(B, len(rows) · len(columns)) of cross_k (B, W, W), copied model block by model block."""
-        return np.ascontiguousarray(_sub(cross_k, rows, columns, max_runs=np.inf)).reshape(n_blocks, -1)
-
-    def sliced(s):
-        # only what a fit and its score use: C_zz, C_zu and the diagonal of C_uu (for tr S_uu),
-        # not the whole (p + q)² cross-product
-        k = SPLITS.index(s)
-        cross_k = blocks.cross[:, k]
-        return (blocks.n[:, k].astype(np.float64), blocks.sums[:, k][:, cols], gather(cross_k, zcols, zcols),
-                gather(cross_k, zcols, ucols), np.diagonal(cross_k, axis1=1, axis2=2)[:, ucols])
-
-    stats = {s: sliced(s) for s in dict.fromkeys(["train", *splits])}
-
-    def replicate(stats, wts):
-        """(n, μ, S_zz, S_zu, tr S_uu) of each replicate: weighted sums of blocks, centred."""
-        n_b, s_b, zz_b, zu_b, uu_b = stats
-        n = wts @ n_b
-        with np.errstate(divide="ignore", invalid="ignore"):
-            mean = (wts @ s_b) / n[:, None]
-        n_mean = n[:, None] * mean
-        s_zz = (wts @ zz_b).reshape(len(wts), p, p)
-        s_zu = (wts @ zu_b).reshape(len(wts), p, w - p)
-        for r in range(len(wts)):  # S = C − (n μ) μᵀ in place, one replicate at a time
-            s_zz[r] -= np.multiply.outer(n_mean[r, zi], mean[r, zi])
-            s_zu[r] -= np.multiply.outer(n_mean[r, zi], mean[r, ui])
-        tr_uu = wts @ uu_b.sum(axis=1) - np.sum(n_mean[:, ui] * mean[:, ui], axis=1)
-        return n, mean, s_zz, s_zu, tr_uu
+    _check_full_data_basis_variance(blocks, basis, basis_dims, cols[:p])
+    weights = bootstrap_weights(len(blocks), n_boot, seed).astype(np.float64)
+    stats = {s: _gathered_split(blocks, s, cols, p) for s in dict.fromkeys(["train", *splits])}
 
     out = {s: np.empty(n_boot) for s in splits}
+    # the chunk bounds the (chunk, w, w) arrays alive at once; it changes no replicate's numbers
     chunk = max(1, int(_BOOTSTRAP_ARRAY_BYTES // (8 * w * w)))
     for lo in range(0, n_boot, chunk):
-        wts = weights[lo:lo + chunk]
-        train = replicate(stats["train"], wts)
-        n_t, mu_t, s_zz, s_zu, _ = train
-        # least squares needs more distinct train rows than basis columns: a replicate repeats
-        # blocks, so it holds fewer distinct rows than its weighted count n_t
-        distinct_t = (wts > 0) @ stats["train"][0]
-        regularised = s_zz.copy()
-        diagonal = np.arange(p)
-        regularised[:, diagonal, diagonal] += ridge_penalty(np.diagonal(s_zz, axis1=1, axis2=2), basis_dims, alpha)
-        try:
-            weight_t = np.linalg.solve(regularised, s_zu)  # (R, p, q)
-        except np.linalg.LinAlgError as exc:
-            raise LMDError(f"bootstrap fit of {target!r} on {list(basis)}: a resampled basis covariance "
-                           "is singular; set α > 0") from exc
-        del regularised
-        bias = mu_t[:, ui] - (mu_t[:, None, zi] @ weight_t)[:, 0]
+        r2 = _chunk_r2(stats, weights[lo:lo + chunk], splits, p, w, basis_dims, alpha, basis, target)
         for s in splits:
-            n_s, mu_s, zz_s, zu_s, s_uu = train if s == "train" else replicate(stats[s], wts)
-            offset = mu_s[:, ui] - (mu_s[:, None, zi] @ weight_t)[:, 0] - bias
-            sse = (s_uu - 2.0 * np.sum(weight_t * zu_s, axis=(1, 2))
-                   + np.sum((zz_s @ weight_t) * weight_t, axis=(1, 2))
-                   + n_s * np.sum(offset**2, axis=1))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                r2 = 1.0 - sse / s_uu
-            r2[(n_s == 0) | (s_uu <= 0) | ((alpha == 0) & (distinct_t <= p))] = np.nan
-            out[s][lo:lo + chunk] = r2
-            del zz_s, zu_s  # before the next split's are built
+            out[s][lo:lo + chunk] = r2[s]
+    _check_replicates_finite(out, basis, target, n_boot)
+    return out[split] if isinstance(split, str) else out
+
+
+def _check_full_data_basis_variance(blocks: BlockMoments, basis: Sequence[str], basis_dims: Sequence[int],
+                                    zcols: np.ndarray) -> None:
+    """Refuse a basis model that is constant on the full data's train split: it fails every
+    replicate the same way, so it is refused once, up front (nothing to check if the train split
+    is empty)."""
+    n_all = blocks.n[:, 0].sum()
+    if n_all > 0:
+        sum_all = blocks.sums[:, 0][:, zcols].sum(axis=0)
+        square_all = blocks.cross[:, 0][:, zcols, zcols].sum(axis=0)  # diagonal of Σ_b C_b
+        _check_basis_variance(basis, basis_dims, square_all - sum_all**2 / n_all, square_all)
+
+
+def _gather(cross_k: np.ndarray, rows: np.ndarray, columns: np.ndarray, n_blocks: int) -> np.ndarray:
+    """(B, len(rows) · len(columns)) of cross_k (B, W, W), copied model block by model block."""
+    return np.ascontiguousarray(_sub(cross_k, rows, columns, max_runs=np.inf)).reshape(n_blocks, -1)
+
+
+def _gathered_split(blocks: BlockMoments, split: str, cols: np.ndarray, p: int) -> tuple[np.ndarray, ...]:
+    """Per-block (n, s, C_zz, C_zu, diag C_uu) of ``split`` for the basis columns z = cols[:p] and the
+    target's u = cols[p:]: only what a fit and its score use, not the whole (p + q)² cross-product
+    (the gathered blocks are the bootstrap's largest memory)."""
+    zcols, ucols = cols[:p], cols[p:]
+    k = SPLITS.index(split)
+    cross_k = blocks.cross[:, k]
+    n_blocks = len(blocks)
+    return (blocks.n[:, k].astype(np.float64), blocks.sums[:, k][:, cols], _gather(cross_k, zcols, zcols, n_blocks),
+            _gather(cross_k, zcols, ucols, n_blocks), np.diagonal(cross_k, axis1=1, axis2=2)[:, ucols])
+
+
+def _replicate_moments(stats: tuple[np.ndarray, ...], wts: np.ndarray, p: int, w: int) -> tuple[np.ndarray, ...]:
+    """(n, μ, S_zz, S_zu, tr S_uu) of each replicate (rows of ``wts``): weighted sums of the
+    gathered blocks ``stats`` of one split (:func:`_gathered_split`), centred."""
+    zi, ui = np.arange(p), np.arange(p, w)
+    n_b, s_b, zz_b, zu_b, uu_b = stats
+    n = wts @ n_b
+    with np.errstate(divide="ignore", invalid="ignore"):  # an empty split: its R² is NaN (_score_split)
+        mean = (wts @ s_b) / n[:, None]
+    n_mean = n[:, None] * mean
+    s_zz = (wts @ zz_b).reshape(len(wts), p, p)
+    s_zu = (wts @ zu_b).reshape(len(wts), p, w - p)
+    for r in range(len(wts)):  # S = C − (n μ) μᵀ in place, one replicate at a time
+        s_zz[r] -= np.multiply.outer(n_mean[r, zi], mean[r, zi])
+        s_zu[r] -= np.multiply.outer(n_mean[r, zi], mean[r, ui])
+    tr_uu = wts @ uu_b.sum(axis=1) - np.sum(n_mean[:, ui] * mean[:, ui], axis=1)
+    return n, mean, s_zz, s_zu, tr_uu
+
+
+def _chunk_r2(stats: dict[str, tuple[np.ndarray, ...]], wts: np.ndarray, splits: Sequence[str], p: int, w: int,
+              basis_dims: Sequence[int], alpha: float, basis: Sequence[str], target: str) -> dict[str, np.ndarray]:
+    """{split: (R,) R²} of the replicates of one chunk (rows of ``wts``): one train refit each,
+    scored on every split; NaN marks a replicate that has no valid score."""
+    train = _replicate_moments(stats["train"], wts, p, w)
+    # least squares needs more distinct train rows than basis columns: a replicate repeats
+    # blocks, so it holds fewer distinct rows than its weighted count n_t
+    distinct_t = (wts > 0) @ stats["train"][0]
+    weight_t, bias = _refit_train(train, p, basis_dims, alpha, basis, target)
+    r2 = {}
+    for s in splits:
+        # a held-out split's scatter is built in the call, so it is freed before the next split's
+        r2[s] = _score_split(train if s == "train" else _replicate_moments(stats[s], wts, p, w), weight_t, bias,
+                             distinct_t, p, alpha)
+    return r2
+
+
+def _refit_train(train: tuple[np.ndarray, ...], p: int, basis_dims: Sequence[int], alpha: float,
+                 basis: Sequence[str], target: str) -> tuple[np.ndarray, np.ndarray]:
+    """(R, p, q) ridge weights and (R, q) intercepts of each replicate's train moments ``train``
+    (:func:`_replicate_moments`), with the λ of :func:`ridge_penalty` on each replicate's own S_zz."""
+    _, mu_t, s_zz, s_zu, _ = train
+    zi, ui = np.arange(p), np.arange(p, mu_t.shape[1])
+    regularised = s_zz.copy()
+    diagonal = np.arange(p)
+    regularised[:, diagonal, diagonal] += ridge_penalty(np.diagonal(s_zz, axis1=1, axis2=2), basis_dims, alpha)
+    try:
+        weight_t = np.linalg.solve(regularised, s_zu)  # (R, p, q)
+    except np.linalg.LinAlgError as exc:
+        raise LMDError(f"bootstrap fit of {target!r} on {list(basis)}: a resampled basis covariance "
+                       "is singular; set α > 0") from exc
+    del regularised  # before the intercepts' and the scores' products
+    bias = mu_t[:, ui] - (mu_t[:, None, zi] @ weight_t)[:, 0]
+    return weight_t, bias
+
+
+def _score_split(moments_s: tuple[np.ndarray, ...], weight_t: np.ndarray, bias: np.ndarray, distinct_t: np.ndarray,
+                 p: int, alpha: float) -> np.ndarray:
+    """(R,) R² on one split's replicate moments ``moments_s`` of the train refits (``weight_t``,
+    ``bias``), from the scatter alone: SSE = tr S_uu − 2 Σ W∘S_zu + Σ (S_zz W)∘W + n ‖offset‖²,
+    the offset being the split's mean residual. NaN where the split is empty, its target has no
+    variance, or (α = 0) the train refit had too few distinct rows."""
+    n_s, mu_s, zz_s, zu_s, s_uu = moments_s
+    zi, ui = np.arange(p), np.arange(p, mu_s.shape[1])
+    offset = mu_s[:, ui] - (mu_s[:, None, zi] @ weight_t)[:, 0] - bias
+    sse = (s_uu - 2.0 * np.sum(weight_t * zu_s, axis=(1, 2))
+           + np.sum((zz_s @ weight_t) * weight_t, axis=(1, 2))
+           + n_s * np.sum(offset**2, axis=1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = 1.0 - sse / s_uu
+    r2[(n_s == 0) | (s_uu <= 0) | ((alpha == 0) & (distinct_t <= p))] = np.nan
+    return r2
+
+
+def _check_replicates_finite(out: dict[str, np.ndarray], basis: Sequence[str], target: str, n_boot: int) -> None:
+    """Refuse replicates without a valid score (NaN from :func:`_score_split`), naming the first
+    split that has any."""
     for s, samples in out.items():
         bad = int((~np.isfinite(samples)).sum())
         if bad:
             raise LMDError(f"bootstrap of {target!r} on {list(basis)}: {bad} of {n_boot} replicates have an "
                            f"empty {s} or train split, or too few train rows; use fewer, larger blocks")
-    return out[split] if isinstance(split, str) else out
 
 
 def centred_interval(samples: np.ndarray, estimate: float, level: float) -> tuple[float, float]:
@@ -162,7 +209,7 @@ def centred_interval(samples: np.ndarray, estimate: float, level: float) -> tupl
     Why not the plain percentile interval [q_lo, q_hi]: a replicate refits on resampled
     training blocks, where duplicated sequences act like ≈ 63% as many distinct rows, so it
     overfits more than the real fit and its held-out R² sits lower — by about one standard
-    error when the basis is wide for the train split (measured in tests/test_lmd_depth.py:
+    error when the basis is wide for the train split (measured in tests/lmd/test_lmd_depth.py:
     percentile coverage ≈ 65% at a nominal 90%). The held-out R̂² itself is nearly unbiased, and
     the bootstrap spread matches its sampling spread, so the spread is kept and the location
     taken from R̂² (coverage ≈ 90% there). Efron's bias-corrected interval would move the

@@ -121,48 +121,85 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
     diagonal = moments.scatter_diagonal("train")
     best: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}  # target → (val R², α, Rᵀ, λ)
     for alpha_a in grid:
-        penalty = ridge_penalty(diagonal, moments.dims, alpha_a)
-        inverse = None  # without it (α = 0 and a singular joint scatter): one solve per target
-        if alpha_a > 0 or n > width:
-            try:
-                inverse = _ridge_inverse(moments, penalty)
-            except LMDError:
-                pass
-        # at α = 0, skip (or refuse) the targets whose basis holds a singular model up front,
-        # instead of one refused Cholesky of nearly the joint width per target
-        singular = _singular_models(moments) if inverse is None and alpha_a == 0 else set()
-        for m, target in enumerate(names):
-            block = slice(bounds[m], bounds[m + 1])
-            basis = [t for t in names if t != target]
-            what = f"fit of {target!r} on {basis}"
-            if strict:
-                _check_least_squares(n, width - (block.stop - block.start), alpha_a, what)
-            elif alpha_a == 0 and n <= width - (block.stop - block.start):
-                continue
-            if inverse is not None:
-                residual_t = _loo_residual_map(inverse, block)
-            else:
-                if singular & set(basis):
-                    if strict:
-                        raise LMDError(f"{what}: least squares is ill-posed: the train scatter of "
-                                       f"{sorted(singular & set(basis))} alone is singular to float32 "
-                                       "precision; set lmd.alpha > 0")
-                    continue
-                try:
-                    fit = fit_ridge(moments, basis, target, alpha_a)
-                except LMDError:
-                    if strict:
-                        raise
-                    continue
-                residual_t = np.zeros((block.stop - block.start, width))
-                residual_t[:, moments.columns(basis)] = -fit.weight
-                residual_t[:, block] = np.eye(block.stop - block.start)
-            val = _residual_r2(moments, "val", target, block, residual_t)
-            if m not in best or val > best[m][0]:
-                best[m] = (val, alpha_a, residual_t, penalty)
-        del inverse
-    rows = []
+        _fit_one_alpha(moments, alpha_a, ridge_penalty(diagonal, moments.dims, alpha_a), bounds, n, strict, best)
+    rows = _loo_rows(moments, best, bounds, grid)
+    if not strict:
+        warn_if_alpha_at_grid_edge(grid, {names[m]: best[m][1] for m in best}, "leave-one-out fits")
+    return rows
+
+
+def _fit_one_alpha(moments: Moments, alpha_a: float, penalty: np.ndarray, bounds: np.ndarray, n: int, strict: bool,
+                   best: dict[int, tuple[float, float, np.ndarray, np.ndarray]]) -> None:
+    """Fit every target at ``alpha_a`` (``penalty`` its λ over all columns) and keep in ``best``
+    (target index → (val R², α, Rᵀ, λ)) the fits that beat its val R² so far. ``strict`` (one α,
+    not a grid): an ill-posed fit is an error, not skipped. The joint inverse is freed on return,
+    before the next α's is made."""
+    names, width = moments.names, moments.width
+    inverse = _joint_inverse(moments, penalty, alpha_a, n)
+    # at α = 0, skip (or refuse) the targets whose basis holds a singular model up front,
+    # instead of one refused Cholesky of nearly the joint width per target
+    singular = _singular_models(moments) if inverse is None and alpha_a == 0 else set()
     for m, target in enumerate(names):
+        block = slice(bounds[m], bounds[m + 1])
+        basis = [t for t in names if t != target]
+        what = f"fit of {target!r} on {basis}"
+        if strict:
+            _check_least_squares(n, width - (block.stop - block.start), alpha_a, what)
+        elif alpha_a == 0 and n <= width - (block.stop - block.start):
+            continue
+        if inverse is not None:
+            residual_t = _loo_residual_map(inverse, block)
+        else:
+            residual_t = _direct_residual_map(moments, target, basis, block, alpha_a, singular, strict, what)
+            if residual_t is None:
+                continue
+        val = _residual_r2(moments, "val", target, block, residual_t)
+        if m not in best or val > best[m][0]:
+            best[m] = (val, alpha_a, residual_t, penalty)
+
+
+def _joint_inverse(moments: Moments, penalty: np.ndarray, alpha_a: float, n: int) -> np.ndarray | None:
+    """P = (S + diag λ)⁻¹ of :func:`_ridge_inverse`, or None where it fails (at α = 0 a singular
+    joint scatter, certain with no more train rows than the joint width, so not even tried):
+    then each target is fitted on its own (:func:`_direct_residual_map`)."""
+    if alpha_a > 0 or n > moments.width:
+        try:
+            return _ridge_inverse(moments, penalty)
+        except LMDError:
+            pass
+    return None
+
+
+def _direct_residual_map(moments: Moments, target: str, basis: list[str], block: slice, alpha_a: float,
+                         singular: set[str], strict: bool, what: str) -> np.ndarray | None:
+    """Rᵀ (q × width) of :func:`fit_leave_one_out` from a fresh :func:`fit_ridge` of ``target`` on
+    ``basis``, for when there is no joint inverse; None (or, ``strict``, an error) where the fit
+    is ill-posed: a basis holding a model of ``singular`` (:func:`_singular_models`), or a
+    refused fit."""
+    if singular & set(basis):
+        if strict:
+            raise LMDError(f"{what}: least squares is ill-posed: the train scatter of "
+                           f"{sorted(singular & set(basis))} alone is singular to float32 "
+                           "precision; set lmd.alpha > 0")
+        return None
+    try:
+        fit = fit_ridge(moments, basis, target, alpha_a)
+    except LMDError:
+        if strict:
+            raise
+        return None
+    residual_t = np.zeros((block.stop - block.start, moments.width))
+    residual_t[:, moments.columns(basis)] = -fit.weight
+    residual_t[:, block] = np.eye(block.stop - block.start)
+    return residual_t
+
+
+def _loo_rows(moments: Moments, best: dict[int, tuple[float, float, np.ndarray, np.ndarray]], bounds: np.ndarray,
+              grid: Sequence[float]) -> list[dict]:
+    """The fit rows (target, split, r2, alpha) of each target's chosen fit in ``best``: its val R²
+    as chosen, train by the penalty shortcut (λ of the basis columns only), test from C."""
+    rows = []
+    for m, target in enumerate(moments.names):
         if m not in best:
             raise LMDError(f"leave-one-out fit of {target!r}: no α of {list(grid)} gives a well-posed fit; "
                            "include an α > 0")
@@ -173,8 +210,6 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
         r2 = {"train": _residual_r2(moments, "train", target, block, residual_t, basis_penalty), "val": val,
               "test": _residual_r2(moments, "test", target, block, residual_t)}
         rows.extend({"target": target, "split": split, "r2": float(r2[split]), "alpha": alpha_m} for split in SPLITS)
-    if not strict:
-        warn_if_alpha_at_grid_edge(grid, {names[m]: best[m][1] for m in best}, "leave-one-out fits")
     return rows
 
 

@@ -14,16 +14,12 @@ embeds the whole text whatever its tokenizer's length for it; ``overflow: trunca
 first window only (the only choice for ``cls`` and ``padded_mean``). The manifest counts the
 windowed and the truncated texts.
 
-Pooling of the hidden states h_1..h_n of the n real tokens (special tokens included):
-
-* ``mean``        (1/n) Σ_t h_t                       — the default
-* ``padded_mean`` (1/L) Σ_t h_t with L = ``max_length``, the padded length; the paper's
-  code averaged over a batch padded to a fixed length this way
-* ``cls``         h_1
+Pooling of the hidden states of a text's tokens into a vector – ``mean`` (the default),
+``padded_mean`` or ``cls`` – is :mod:`lmdecomp.models.pooling`, with its formulas.
 
 With ``granularity: word`` a row is a word instead of a sequence: the mean of the states of
 the word's subword tokens, words cut by one fixed pre-tokenizer for every model (see
-:mod:`lmdecomp.words`), so rows (seq_id, word_idx) line up across tokenizers. Words a model's
+:mod:`lmdecomp.data.words`), so rows (seq_id, word_idx) line up across tokenizers. Words a model's
 tokenizer truncated away are missing from its shards; the LMD stage keeps the words every
 model has and reports how many it dropped.
 
@@ -36,7 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -49,9 +46,9 @@ from tqdm.auto import tqdm
 from lmdecomp.atomic import replace_dir, stale_temps_in, write_text
 from lmdecomp.data import shards, words
 from lmdecomp.models.attention import prefer_blocked_attention, use_blocked_attention
+from lmdecomp.models.pooling import POOLINGS, SequencePooler, WordPooler
 from lmdecomp.models.sources import ModelRef, weights_sha256
 
-POOLINGS = ("mean", "padded_mean", "cls")
 GRANULARITIES = ("sequence", "word")
 OVERFLOWS = ("windows", "truncate")
 DTYPES = ("float32", "bfloat16")
@@ -69,78 +66,74 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def pool_parts(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(numerator, denominator) per row of (batch, tokens, dim) ``hidden``, over the tokens where
-    ``mask`` is 1; a text's pooled vector is Σ numerators / Σ denominators over its windows."""
-    ones = torch.ones(hidden.shape[0], dtype=hidden.dtype, device=hidden.device)
-    if pooling == "cls":
-        return hidden[:, 0], ones
-    m = mask.unsqueeze(-1).to(hidden.dtype)
-    summed = (hidden * m).sum(dim=1)
-    if pooling == "mean":
-        return summed, m.sum(dim=(1, 2))
-    if pooling == "padded_mean":
-        return summed / max_length, ones
-    raise EmbedError(f"unknown pooling {pooling!r}; choose one of {POOLINGS}")
+@dataclass(frozen=True)
+class _Settings:
+    """The checked ``embed`` settings that shape a run."""
+
+    pooling: str
+    device: torch.device
+    dtype: str
+    granularity: str
+    overflow: str
+
+    @property
+    def windows(self) -> bool:
+        return self.overflow == "windows"
 
 
-class SequencePooler:
-    """One row per text: Σ numerator / Σ denominator of :func:`pool_parts` over its pieces."""
+@dataclass(frozen=True)
+class _Loaded:
+    """A model on its device with its tokenizer, and what the plan and the manifest record of it."""
 
-    def __init__(self, n_texts: int, stored: tuple[int, ...], pooling: str, max_length: int, device: torch.device):
-        self.n_texts, self.stored, self.pooling, self.max_length, self.device = n_texts, stored, pooling, max_length, device
-        self.numerators: dict[int, torch.Tensor] = {}
-        self.denominators = torch.zeros(n_texts, device=device)
+    tokenizer: Any
+    model: torch.nn.Module
+    attention: str
+    n_states: int  # hidden states: the embeddings, then one per layer
+    layer: int
+    extra_layers: list[int]
+    max_length: int
+    weights: str
 
-    def add(self, pieces: np.ndarray, texts: np.ndarray, hidden: tuple[torch.Tensor, ...], mask: torch.Tensor) -> None:
-        """Pool one batch: row j is piece ``pieces[j]`` of text ``texts[j]``."""
-        text_of_row = torch.as_tensor(texts, device=self.device)
-        for k in self.stored:
-            numerator, denominator = pool_parts(hidden[k].float(), mask, self.pooling, self.max_length)
-            if k not in self.numerators:
-                self.numerators[k] = torch.zeros(self.n_texts, numerator.shape[1], device=self.device)
-            self.numerators[k].index_add_(0, text_of_row, numerator)
-        self.denominators.index_add_(0, text_of_row, denominator)
-
-    def finish(self) -> tuple[dict[int, np.ndarray], np.ndarray, None]:
-        """({hidden-state index: (texts, dim)}, rows per text, no word indices)."""
-        scale = self.denominators.clamp(min=1).unsqueeze(1)
-        return ({k: (v / scale).cpu().numpy() for k, v in self.numerators.items()},
-                np.ones(self.n_texts, dtype=np.int64), None)
+    @property
+    def stored(self) -> tuple[int, ...]:
+        """The hidden states pooled: the main layer first."""
+        return (self.layer, *self.extra_layers)
 
 
-class WordPooler:
-    """One row per covered word of each text: the mean of the states of the word's tokens, over
-    all the text's pieces (a word cut by a window boundary collects tokens from both windows)."""
+@dataclass(frozen=True)
+class _Pieces:
+    """One chunk's texts tokenised: a row ("piece") per text, or per window of a text."""
 
-    def __init__(self, spans: list[np.ndarray], offsets: list, cut: list[int | None], stored: tuple[int, ...],
-                 device: torch.device):
-        self.spans, self.offsets, self.cut, self.stored, self.device = spans, offsets, cut, stored, device
-        self.sums: list[dict[int, torch.Tensor]] = [{} for _ in spans]
-        self.counts = [np.zeros(len(s), np.int64) for s in spans]
+    encoded: Any  # the tokenizer's BatchEncoding, a row per piece
+    owner: np.ndarray  # the text of each piece
+    cut_at: list[int | None] | None  # per piece, the character where truncation cut its text (word rows)
+    lengths: np.ndarray  # tokens per piece
+    spans: list[np.ndarray] | None  # per text, its word spans (word rows)
+    truncated: int  # texts truncation cut (overflow: truncate)
+    windowed: int  # texts cut into more than one window (overflow: windows)
 
-    def add(self, pieces: np.ndarray, texts: np.ndarray, hidden: tuple[torch.Tensor, ...], mask: torch.Tensor) -> None:
-        states = {k: hidden[k].float() for k in self.stored}
-        for j, (piece, i) in enumerate(zip(pieces, texts)):
-            word, token = words.token_word_pairs(self.spans[i], self.offsets[piece], self.cut[piece])
-            word_t, token_t = torch.as_tensor(word, device=self.device), torch.as_tensor(token, device=self.device)
-            for k in self.stored:
-                if k not in self.sums[i]:
-                    self.sums[i][k] = torch.zeros(len(self.spans[i]), states[k].shape[-1], device=self.device)
-                self.sums[i][k].index_add_(0, word_t, states[k][j, token_t])
-            self.counts[i] += np.bincount(word, minlength=len(self.spans[i]))
 
-    def finish(self) -> tuple[dict[int, np.ndarray], np.ndarray, list[np.ndarray]]:
-        """({hidden-state index: (words, dim)}, rows per text, covered word indices per text)."""
-        word_ids = [np.flatnonzero(c) for c in self.counts]
-        columns = {}
-        for k in self.stored:
-            parts = []
-            for i, ids in enumerate(word_ids):  # every text has ≥ 1 piece, so sums[i] holds k
-                counts = torch.as_tensor(self.counts[i][ids], device=self.device).unsqueeze(1)
-                parts.append((self.sums[i][k][torch.as_tensor(ids, device=self.device)] / counts).cpu().numpy())
-            columns[k] = np.concatenate(parts)
-        return columns, np.array([len(w) for w in word_ids]), word_ids
+@dataclass
+class _Tally:
+    """What the manifest counts over all the shards, reused ones included."""
+
+    tokens: int = 0
+    truncated: int = 0
+    windowed: int = 0
+    n_words: int = 0
+    words_cut: int = 0
+    split_counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, splits: list[str], pieces: _Pieces, windows: bool) -> None:
+        for s in splits:
+            self.split_counts[s] = self.split_counts.get(s, 0) + 1
+        self.windowed += pieces.windowed
+        self.truncated += pieces.truncated
+        self.tokens += int(pieces.lengths.sum())
+        if pieces.spans is not None:
+            self.n_words += sum(len(s) for s in pieces.spans)
+            if not windows:  # (windows cut no word off: a word split by a window boundary keeps both parts)
+                self.words_cut += sum(int(words.words_cut_off(s, c).sum()) for s, c in zip(pieces.spans, pieces.cut_at))
 
 
 def token_budget_batches(lengths: np.ndarray, batch_tokens: int) -> Iterator[np.ndarray]:
@@ -194,7 +187,7 @@ def truncated_rows(tokenizer, texts: list[str], encoded, max_length: int) -> lis
 
 def cut_points(encoded) -> list[int | None]:
     """Per text of ``encoded`` (a fast tokenizer's, truncated at ``max_length``), the character
-    where truncation cut it (:func:`lmdecomp.words.cut_point`), or None when it kept it whole."""
+    where truncation cut it (:func:`lmdecomp.data.words.cut_point`), or None when it kept it whole."""
     return [words.cut_point(e.overflowing[0].offsets) if e.overflowing else None for e in encoded.encodings]
 
 
@@ -272,6 +265,21 @@ def embed_model(
     """
     sequences, final_dir = Path(sequences), Path(out_dir)
     out_dir = Path(work_dir) if work_dir is not None else final_dir
+    # every check before the first write: bad settings leave no folder behind
+    settings = _settings(cfg)
+    lm = _load(ref, cfg, settings, expected_weights)
+    plan = _plan(ref, cfg, lm.max_length, sequences, lm.attention, settings.overflow, lm.weights, settings.device)
+    finished = _start_or_resume(out_dir, plan)
+    entries, tally, dim = _embed_shards(ref, sequences, out_dir, cfg, settings, lm, finished, progress)
+    manifest = _manifest(ref, settings, lm, entries, tally, dim)
+    shards.write_manifest(out_dir, manifest)
+    if out_dir != final_dir:
+        replace_dir(out_dir, final_dir)
+    return manifest
+
+
+def _settings(cfg: Mapping[str, Any]) -> _Settings:
+    """Check the ``embed`` settings that need no model (and apply ``threads``)."""
     pooling = cfg["pooling"]
     if pooling not in POOLINGS:
         raise EmbedError(f"embed.pooling is {pooling!r}; choose one of {POOLINGS}")
@@ -290,24 +298,30 @@ def embed_model(
         raise EmbedError(f"embed.granularity: word averages each word's tokens; embed.pooling must be "
                          f"mean (got {pooling!r})")
 
+    # only a mean over tokens can combine windows, so it is the one pooling that defaults to them
     overflow = cfg.get("overflow") or ("windows" if pooling == "mean" else "truncate")
     if overflow not in OVERFLOWS:
         raise EmbedError(f"embed.overflow is {overflow!r}; choose one of {OVERFLOWS}")
     if overflow == "windows" and pooling != "mean":
         raise EmbedError(f"embed.overflow: windows averages the tokens of every window and needs embed.pooling: "
                          f"mean (got {pooling!r}); set embed.overflow: truncate to keep the first window only")
-    windows = overflow == "windows"
+    return _Settings(pooling, device, dtype, granularity, overflow)
 
+
+def _load(ref: ModelRef, cfg: Mapping[str, Any], settings: _Settings, expected_weights: str | None) -> _Loaded:
+    """Load the tokenizer and the model onto the device, and check what needs them: the tokenizer
+    kind, the layers, and the weights against ``expected_weights``."""
     tokenizer = ref.load_tokenizer()
-    if windows and not tokenizer.is_fast:
+    # windows and character offsets both come from a Rust ("fast") tokenizer's encodings
+    if settings.windows and not tokenizer.is_fast:
         raise EmbedError(f"model {ref.name!r}: embed.overflow: windows needs a fast tokenizer (tokenizer.json); "
                          "save the model with one or set embed.overflow: truncate")
-    if granularity == "word" and not tokenizer.is_fast:
+    if settings.granularity == "word" and not tokenizer.is_fast:
         raise EmbedError(f"model {ref.name!r}: word granularity needs a fast tokenizer (character offsets); "
                          "save the model with a tokenizer.json")
-    model = ref.load_model().to(device)
-    if dtype == "bfloat16" and device.type == "cpu":
-        if prefer_blocked_attention():  # faster than SDPA at small heads without AMX; see lmdecomp.attention
+    model = ref.load_model().to(settings.device)
+    if settings.dtype == "bfloat16" and settings.device.type == "cpu":
+        if prefer_blocked_attention():  # faster than SDPA at small heads without AMX; see lmdecomp.models.attention
             use_blocked_attention(model)
     attention = str(model.config._attn_implementation)
     n_states = model.config.num_hidden_layers + 1
@@ -319,8 +333,12 @@ def embed_model(
             f"model {ref.name!r}: its weights (sha256 {weights[:12]}…) are not the ones the model stage recorded "
             f"({expected_weights[:12]}…); its source changed since (a new package version, edited files): "
             f"rerun the model stage (snakemake --forcerun model) or restore the source")
-    plan = _plan(ref, cfg, max_length, sequences, attention, overflow, weights, device)
+    return _Loaded(tokenizer, model, attention, n_states, layer, extra_layers, max_length, weights)
 
+
+def _start_or_resume(out_dir: Path, plan: dict[str, Any]) -> dict[str, str]:
+    """Ready ``out_dir`` for ``plan``; return the {shard file: sha256} of :data:`FINISHED`: the
+    shards an earlier run of the same plan finished there, which may be reused."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for temp in stale_temps_in(out_dir):  # a killed job's half-written files (SIGKILL skips cleanup)
         temp.unlink()
@@ -331,40 +349,26 @@ def embed_model(
             stale.unlink()
         finished_path.unlink(missing_ok=True)
         write_text(plan_path, json.dumps(plan, indent=2, sort_keys=True))
-    (out_dir / shards.MANIFEST).unlink(missing_ok=True)
-    finished = json.loads(finished_path.read_text()) if finished_path.is_file() else {}
+    (out_dir / shards.MANIFEST).unlink(missing_ok=True)  # written last: until then the folder is unfinished
+    return json.loads(finished_path.read_text()) if finished_path.is_file() else {}
 
+
+def _embed_shards(ref: ModelRef, sequences: Path, out_dir: Path, cfg: Mapping[str, Any], settings: _Settings,
+                  lm: _Loaded, finished: dict[str, str], progress: bool) -> tuple[list[dict[str, Any]], _Tally, int]:
+    """Embed the sequences shard by shard into ``out_dir``, reusing the ``finished`` shards and
+    recording each new one there; return the shards' manifest entries, the counts and the dim."""
     total_rows = pq.ParquetFile(sequences).metadata.num_rows
     bar = tqdm(total=total_rows, desc=f"embed {ref.name}", unit="seq", disable=not progress)
-    entries, tokens, truncated, windowed, n_words, words_cut, dim = [], 0, 0, 0, 0, 0, None
-    split_counts: dict[str, int] = {}
-    amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    entries, tally, dim = [], _Tally(), None
+    batch_tokens = int(cfg["batch_tokens"])
+    amp = torch.autocast(settings.device.type, dtype=torch.bfloat16) if settings.dtype == "bfloat16" else nullcontext()
     for index, chunk in enumerate(_iter_chunks(sequences, int(cfg["shard_rows"]))):
         seq_ids = chunk.column("seq_id").to_numpy()
         splits = chunk.column("split").to_pylist()
         texts = chunk.column("text").to_pylist()
-        for s in splits:
-            split_counts[s] = split_counts.get(s, 0) + 1
-        # One row ("piece") per text, or per window of a text with overflow: windows (stride 0:
-        # the windows tile the text without overlap, each with its own special tokens).
-        encoded = tokenizer(texts, truncation=True, max_length=max_length,
-                            return_offsets_mapping=granularity == "word", return_overflowing_tokens=windows)
-        if windows:
-            owner = np.asarray(encoded.pop("overflow_to_sample_mapping"), dtype=np.int64)
-            cut_at = [None] * len(owner)
-            windowed += int(np.sum(np.bincount(owner, minlength=len(texts)) > 1))
-        else:
-            owner = np.arange(len(texts))
-            cut = truncated_rows(tokenizer, texts, encoded, max_length)
-            truncated += sum(cut)
-            cut_at = cut_points(encoded) if granularity == "word" else None
-        lengths = np.array([len(ids) for ids in encoded["input_ids"]])
-        tokens += int(lengths.sum())
-        spans = [words.word_spans(t) for t in texts] if granularity == "word" else None
-        if spans is not None:
-            n_words += sum(len(s) for s in spans)
-            if not windows:  # (windows cut no word off: a word split by a window boundary keeps both parts)
-                words_cut += sum(int(words.words_cut_off(s, c).sum()) for s, c in zip(spans, cut_at))
+        # tokenised even when the shard is reused: the manifest counts its tokens and words
+        pieces = _tokenize(lm, settings, texts)
+        tally.add(splits, pieces, settings.windows)
         name = shards.shard_name(index)
         path = out_dir / name
         existing = _reusable(path, seq_ids, finished.get(name))
@@ -373,72 +377,117 @@ def embed_model(
             entries.append(shards.shard_entry(out_dir, name, len(existing.seq_id), len(seq_ids)))
             bar.update(len(seq_ids))
             continue
-        pooler = (SequencePooler(len(texts), (layer, *extra_layers), pooling, max_length, device)
-                  if granularity == "sequence" else
-                  WordPooler(spans, encoded["offset_mapping"], cut_at, (layer, *extra_layers), device))
-        pieces_left = np.bincount(owner, minlength=len(texts))
-        with torch.inference_mode(), amp:
-            for rows in token_budget_batches(lengths, int(cfg["batch_tokens"])):
-                features = tokenizer.pad(
-                    {k: [encoded[k][i] for i in rows] for k in encoded.keys() if k != "offset_mapping"},
-                    return_tensors="pt",
-                )
-                features = {k: v.to(device) for k, v in features.items()}
-                hidden = model(**features, output_hidden_states=True).hidden_states
-                pooler.add(rows, owner[rows], hidden, features["attention_mask"])
-                np.subtract.at(pieces_left, owner[rows], 1)
-                bar.update(int(np.sum(pieces_left[np.unique(owner[rows])] == 0)))
-        columns, rows_per_seq, word_ids = pooler.finish()
-        columns = {k: x.astype(np.float32) for k, x in columns.items()}
-        dim = columns[layer].shape[1]
-        row_seq = np.repeat(seq_ids, rows_per_seq)
-        for k, x in columns.items():
-            shards.check_finite(ref.name, row_seq, x)
-        shards.write_shard(
-            path, row_seq, list(np.repeat(np.asarray(splits, dtype=object), rows_per_seq)), columns[layer],
-            int(cfg["batch_tokens"]) // max(int(lengths.max()), 1),
-            word_idx=np.concatenate(word_ids) if granularity == "word" else None,
-            hidden={k: columns[k] for k in extra_layers},
-        )
-        entries.append(shards.shard_entry(out_dir, name, len(row_seq), len(seq_ids)))
+        pooled = _embed_pieces(lm, settings, pieces, len(texts), batch_tokens, amp, bar)
+        dim = pooled[0][lm.layer].shape[1]
+        # a Parquet row group of about one batch of the chunk's longest pieces
+        rows = _write_pooled(path, ref.name, settings, lm, seq_ids, splits, pooled,
+                             batch_tokens // max(int(pieces.lengths.max()), 1))
+        entries.append(shards.shard_entry(out_dir, name, rows, len(seq_ids)))
+        # journalled after each shard, so a killed job resumes from the shards it finished
         finished[name] = entries[-1]["sha256"]
-        write_text(finished_path, json.dumps(finished, indent=2, sort_keys=True))
+        write_text(out_dir / FINISHED, json.dumps(finished, indent=2, sort_keys=True))
     bar.close()
     if not entries:
         raise EmbedError(f"{sequences} holds no sequences")
+    return entries, tally, dim
 
+
+def _tokenize(lm: _Loaded, settings: _Settings, texts: list[str]) -> _Pieces:
+    """Tokenise one chunk's texts into pieces of at most ``max_length`` tokens."""
+    word_rows = settings.granularity == "word"
+    # One row ("piece") per text, or per window of a text with overflow: windows (stride 0:
+    # the windows tile the text without overlap, each with its own special tokens).
+    encoded = lm.tokenizer(texts, truncation=True, max_length=lm.max_length,
+                           return_offsets_mapping=word_rows, return_overflowing_tokens=settings.windows)
+    truncated = windowed = 0
+    if settings.windows:
+        owner = np.asarray(encoded.pop("overflow_to_sample_mapping"), dtype=np.int64)
+        cut_at = [None] * len(owner)
+        windowed = int(np.sum(np.bincount(owner, minlength=len(texts)) > 1))
+    else:
+        owner = np.arange(len(texts))
+        cut = truncated_rows(lm.tokenizer, texts, encoded, lm.max_length)
+        truncated = sum(cut)
+        cut_at = cut_points(encoded) if word_rows else None
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+    spans = [words.word_spans(t) for t in texts] if word_rows else None
+    return _Pieces(encoded, owner, cut_at, lengths, spans, truncated, windowed)
+
+
+def _embed_pieces(lm: _Loaded, settings: _Settings, pieces: _Pieces, n_texts: int, batch_tokens: int,
+                  amp: AbstractContextManager, bar: tqdm) -> tuple[dict[int, np.ndarray], np.ndarray, list[np.ndarray] | None]:
+    """Run the model on one chunk's pieces in token-budget batches and pool the stored hidden
+    states: ({hidden-state index: float32 (rows, dim)}, rows per text, word indices per text or None)."""
+    encoded, owner = pieces.encoded, pieces.owner
+    pooler = (SequencePooler(n_texts, lm.stored, settings.pooling, lm.max_length, settings.device)
+              if settings.granularity == "sequence" else
+              WordPooler(pieces.spans, encoded["offset_mapping"], pieces.cut_at, lm.stored, settings.device))
+    pieces_left = np.bincount(owner, minlength=n_texts)
+    with torch.inference_mode(), amp:
+        for rows in token_budget_batches(pieces.lengths, batch_tokens):
+            features = lm.tokenizer.pad(
+                {k: [encoded[k][i] for i in rows] for k in encoded.keys() if k != "offset_mapping"},
+                return_tensors="pt",
+            )
+            features = {k: v.to(settings.device) for k, v in features.items()}
+            hidden = lm.model(**features, output_hidden_states=True).hidden_states
+            pooler.add(rows, owner[rows], hidden, features["attention_mask"])
+            # the bar counts texts: a text is done with the batch that holds its last piece
+            np.subtract.at(pieces_left, owner[rows], 1)
+            bar.update(int(np.sum(pieces_left[np.unique(owner[rows])] == 0)))
+    columns, rows_per_seq, word_ids = pooler.finish()
+    return {k: x.astype(np.float32) for k, x in columns.items()}, rows_per_seq, word_ids
+
+
+def _write_pooled(path: Path, model: str, settings: _Settings, lm: _Loaded, seq_ids: np.ndarray, splits: list[str],
+                  pooled: tuple[dict[int, np.ndarray], np.ndarray, list[np.ndarray] | None], row_group_rows: int) -> int:
+    """Write one chunk's pooled rows (from :func:`_embed_pieces`) as the shard ``path``, refusing
+    non-finite vectors; return its number of rows."""
+    columns, rows_per_seq, word_ids = pooled
+    row_seq = np.repeat(seq_ids, rows_per_seq)
+    for k, x in columns.items():
+        shards.check_finite(model, row_seq, x)
+    shards.write_shard(
+        path, row_seq, list(np.repeat(np.asarray(splits, dtype=object), rows_per_seq)), columns[lm.layer],
+        row_group_rows,
+        word_idx=np.concatenate(word_ids) if settings.granularity == "word" else None,
+        hidden={k: columns[k] for k in lm.extra_layers},
+    )
+    return len(row_seq)
+
+
+def _manifest(ref: ModelRef, settings: _Settings, lm: _Loaded, entries: list[dict[str, Any]], tally: _Tally,
+              dim: int) -> dict[str, Any]:
+    """The manifest of a finished embedding, in its documented key order."""
     rows = int(sum(e["rows"] for e in entries))
     manifest = {
         "schema_version": shards.SCHEMA_VERSION,
         "model": ref.name,
         "source": ref.source,
         "revision": ref.revision,
-        "weights_sha256": weights,
-        "layer": layer,
-        "layers": sorted([layer, *extra_layers]),
-        "num_hidden_layers": n_states - 1,
-        "granularity": granularity,
-        "pooling": pooling,
-        "max_length": max_length,
-        "dtype": dtype,
-        "attention": attention,
+        "weights_sha256": lm.weights,
+        "layer": lm.layer,
+        "layers": sorted([lm.layer, *lm.extra_layers]),
+        "num_hidden_layers": lm.n_states - 1,
+        "granularity": settings.granularity,
+        "pooling": settings.pooling,
+        "max_length": lm.max_length,
+        "dtype": settings.dtype,
+        "attention": lm.attention,
         "dim": int(dim),
         "rows": rows,
         "sequences": int(sum(e["sequences"] for e in entries)),
-        "tokens": tokens,
-        "overflow": overflow,
-        "truncated_sequences": int(truncated),
-        "windowed_sequences": int(windowed),
-        "split_counts": dict(sorted(split_counts.items())),
+        "tokens": tally.tokens,
+        "overflow": settings.overflow,
+        "truncated_sequences": int(tally.truncated),
+        "windowed_sequences": int(tally.windowed),
+        "split_counts": dict(sorted(tally.split_counts.items())),
         "shards": entries,
     }
-    if granularity == "word":
-        manifest["words"] = int(n_words)
-        manifest["words_truncated"] = int(words_cut)  # cut into or off by truncation at max_length
-        manifest["words_without_tokens"] = int(n_words - rows - words_cut)  # e.g. characters the normaliser deletes
-    shards.write_manifest(out_dir, manifest)
-    if out_dir != final_dir:
-        replace_dir(out_dir, final_dir)
+    if settings.granularity == "word":
+        manifest["words"] = int(tally.n_words)
+        manifest["words_truncated"] = int(tally.words_cut)  # cut into or off by truncation at max_length
+        manifest["words_without_tokens"] = int(tally.n_words - rows - tally.words_cut)  # e.g. characters the normaliser deletes
     return manifest
 
 

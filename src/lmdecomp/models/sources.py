@@ -16,7 +16,7 @@ Every model is named once under ``models:`` with exactly one source key:
     into ``results/models/{name}``.
 ``pretrain: {recipe}``
     a small model the ``model`` stage pretrains on the corpus' train split
-    (:mod:`lmdecomp.zoo`) into ``results/models/{name}``.
+    (:mod:`lmdecomp.models.zoo`) into ``results/models/{name}``.
 
 The ``model`` stage (:func:`prepare_model`) runs once per model and writes
 ``results/models/{name}/``: the built model for ``parts``/``pretrain``, and for every

@@ -123,19 +123,26 @@ def train_tokenizer(
     :func:`_canonical_unigram`); ``seed`` is accepted for API symmetry and
     is not needed (no trainer here is randomized).
     """
-    from tokenizers import (
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
     from transformers import AddedToken, PreTrainedTokenizerFast
 
     del seed  # trainers are deterministic; kept for API symmetry
+    texts = _training_texts(kind, texts)
+    specials, roles = _SPECIALS[kind]
+    tok = _TRAINERS[kind](texts, specials, vocab_size, min_frequency)
+    _check_special_ids(tok, specials)
+
+    # Wrap for transformers with each special token's role.  Byte-level BPE's <mask>
+    # takes in the space before it (lstrip), as RoBERTa's does: its word tokens carry
+    # their leading space ("Ġx"), so "a <mask>" stands for the whole " x".
+    kw: dict[str, Any] = dict(roles)
+    if kind == "bpe":
+        kw["mask_token"] = AddedToken("<mask>", lstrip=True, rstrip=False, normalized=False, special=True)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=model_max_length, padding_side="right", **kw)
+    return fast
+
+
+def _training_texts(kind: str, texts: Iterable[str]) -> list[str]:
+    """Check ``kind`` and ``texts``; the non-blank texts, as a list."""
     if kind not in _SPECIALS:
         raise ValueError(f"tokenizer kind {kind!r}: must be one of {list(TOKENIZER_KINDS)}")
     if isinstance(texts, str):
@@ -143,73 +150,123 @@ def train_tokenizer(
     texts = [t for t in texts if t and not t.isspace()]
     if not texts:
         raise ValueError("no texts to train the tokenizer on")
-    specials, roles = _SPECIALS[kind]
+    return texts
 
-    if kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
-        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece(prefix="##")
-        # Determinism: the trainer numbers "##c" continuation symbols in hash
-        # order and breaks ties between equally frequent merges by symbol id.
-        # Registering every "##c" that the corpus needs up front (as extra
-        # trainer "special tokens", sorted) fixes their ids; they are turned
-        # back into ordinary vocabulary entries in _canonical_wordpiece.
-        cont: set[str] = set()
-        for t in texts:
-            for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(t)):
-                cont.update(w[1:])
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, min_frequency=min_frequency,
-            special_tokens=specials + ["##" + c for c in sorted(cont)],
-            continuing_subword_prefix="##", show_progress=False,
-        )
-        tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-        tok = _canonical_wordpiece(tok, specials)
-        ids = {t: tok.token_to_id(t) for t in specials}
-        tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]",
-            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
-        )
-    elif kind == "bpe":
-        tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True, trim_offsets=True)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-        )
-        tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-        tok.post_processor = processors.RobertaProcessing(
-            ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")),
-            trim_offsets=True, add_prefix_space=True,
-        )
-    else:  # unigram
-        tok = Tokenizer(models.Unigram())
-        tok.normalizer = normalizers.Sequence(
-            [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
-        )
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-        trainer = trainers.UnigramTrainer(
-            vocab_size=vocab_size, special_tokens=specials, unk_token="<unk>", show_progress=False,
-        )
-        tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-        tok = _canonical_unigram(tok)
-        ids = {t: tok.token_to_id(t) for t in specials}
-        tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]",
-            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
-        )
 
+def _train_wordpiece(texts: list[str], specials: list[str], vocab_size: int, min_frequency: int):
+    """A trained BERT-uncased-style WordPiece ``tokenizers.Tokenizer`` (see :func:`train_tokenizer`)."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    # Determinism: the trainer numbers "##c" continuation symbols in hash
+    # order and breaks ties between equally frequent merges by symbol id.
+    # Registering every "##c" that the corpus needs up front (as extra
+    # trainer "special tokens", sorted) fixes their ids; they are turned
+    # back into ordinary vocabulary entries in _canonical_wordpiece.
+    cont = _continuation_chars(tok, texts)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency,
+        special_tokens=specials + ["##" + c for c in sorted(cont)],
+        continuing_subword_prefix="##", show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    tok = _canonical_wordpiece(tok, specials)
+    _set_cls_sep_template(tok, specials)
+    return tok
+
+
+def _continuation_chars(tok, texts: list[str]) -> set[str]:
+    """Every character that follows the first one of a word of ``texts``, as ``tok`` splits them."""
+    cont: set[str] = set()
+    for t in texts:
+        for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(t)):
+            cont.update(w[1:])
+    return cont
+
+
+def _train_bpe(texts: list[str], specials: list[str], vocab_size: int, min_frequency: int):
+    """A trained RoBERTa-style byte-level BPE ``tokenizers.Tokenizer`` (see :func:`train_tokenizer`)."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True, trim_offsets=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    tok.post_processor = processors.RobertaProcessing(
+        ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")),
+        trim_offsets=True, add_prefix_space=True,
+    )
+    return tok
+
+
+def _train_unigram(texts: list[str], specials: list[str], vocab_size: int, min_frequency: int):
+    """A trained SentencePiece-like Unigram ``tokenizers.Tokenizer`` (see :func:`train_tokenizer`).
+
+    ``min_frequency`` is not used: the Unigram trainer has no such option."""
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
+    )
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=specials, unk_token="<unk>", show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    tok = _canonical_unigram(tok)
+    _set_cls_sep_template(tok, specials)
+    return tok
+
+
+_TRAINERS = {"wordpiece": _train_wordpiece, "bpe": _train_bpe, "unigram": _train_unigram}
+
+
+def _set_cls_sep_template(tok, specials: list[str]) -> None:
+    """BERT's ``[CLS] A [SEP]`` / ``[CLS] A [SEP] B [SEP]`` framing (WordPiece and Unigram)."""
+    from tokenizers import processors
+
+    # The ids are looked up only now: canonicalization renumbers the vocabulary.
+    ids = {t: tok.token_to_id(t) for t in specials}
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+    )
+
+
+def _check_special_ids(tok, specials: list[str]) -> None:
+    """The special tokens must have ids 0..k-1 in ``_SPECIALS`` order (the layouts of :func:`train_tokenizer`)."""
     for i, t in enumerate(specials):
         if tok.token_to_id(t) != i:
             raise RuntimeError(f"special token {t!r} got id {tok.token_to_id(t)}, expected {i}")
-
-    kw: dict[str, Any] = dict(roles)
-    if kind == "bpe":
-        kw["mask_token"] = AddedToken("<mask>", lstrip=True, rstrip=False, normalized=False, special=True)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=model_max_length, padding_side="right", **kw)
-    return fast

@@ -265,6 +265,279 @@ def _deterministic(device: torch.device):
 
 
 # --------------------------------------------------------------------------- #
+# the pieces of train_mlm
+# --------------------------------------------------------------------------- #
+@dataclass
+class _MLMData:
+    """The blocks and token sets of one run, built once before training."""
+
+    train_ids: torch.Tensor
+    train_am: torch.Tensor
+    val_ids: torch.Tensor
+    val_am: torch.Tensor
+    val_inputs: torch.Tensor  # validation blocks with their fixed mask applied
+    val_labels: torch.Tensor
+    special: torch.Tensor
+    vocab_size: int
+    replace_ids: torch.Tensor
+    n_train_tokens: int
+    n_blocks: int
+
+
+def _prepare_data(model: nn.Module, tokenizer, train_texts: Sequence[str], val_texts: Sequence[str], cfg: TrainConfig) -> _MLMData:
+    """Check the tokenizer, cut the texts into blocks and mask the validation blocks once."""
+    if tokenizer.mask_token_id is None:
+        raise ValueError("tokenizer has no mask token; masked-LM training needs one")
+
+    train_ids, train_am = make_blocks(tokenizer, train_texts, cfg.max_length)
+    if train_ids.shape[0] == 0:
+        raise ValueError("no training text")
+    val_ids, val_am = make_blocks(tokenizer, val_texts, cfg.max_length)
+    val_inputs, val_labels = fixed_eval_mask(tokenizer, val_ids, val_am, cfg.mask_prob, cfg.val_seed)
+
+    special = torch.tensor(_special_ids(tokenizer), dtype=torch.long)
+    vocab_size = len(tokenizer)
+    try:  # never draw random replacement ids the model cannot embed
+        vocab_size = min(vocab_size, int(model.get_input_embeddings().weight.shape[0]))
+    except (AttributeError, NotImplementedError, TypeError):
+        pass
+    replace_ids = _replace_ids(tokenizer, vocab_size)
+    n_train_tokens = int(_maskable(train_ids, train_am, special).sum())
+    return _MLMData(
+        train_ids=train_ids, train_am=train_am, val_ids=val_ids, val_am=val_am,
+        val_inputs=val_inputs, val_labels=val_labels, special=special, vocab_size=vocab_size,
+        replace_ids=replace_ids, n_train_tokens=n_train_tokens, n_blocks=train_ids.shape[0],
+    )
+
+
+def _build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device):
+    """Move ``model`` to ``device`` in train mode; AdamW with linear warmup/decay.
+
+    Returns ``(optimizer, scheduler, trainable parameters)``.
+    """
+    model.to(device)
+    model.train()
+    optimizer = torch.optim.AdamW(
+        _param_groups(model, cfg.weight_decay),
+        lr=cfg.learning_rate,
+        betas=cfg.adam_betas,
+        eps=cfg.adam_eps,
+    )
+    from transformers import get_linear_schedule_with_warmup
+
+    warmup = int(round(cfg.warmup_ratio * cfg.steps))
+    scheduler = get_linear_schedule_with_warmup(optimizer, warmup, cfg.steps)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return optimizer, scheduler, params
+
+
+def _run_identity(cfg: TrainConfig, data: _MLMData, tokenizer, model: nn.Module, identity_extra: Mapping[str, Any] | None) -> Any:
+    """Everything that shapes the trajectory: a checkpoint is resumed only into the same run."""
+    return _json_canonical(
+        {
+            "config": cfg.identity(),
+            "train_blocks_sha256": _blocks_digest(data.train_ids),
+            "val_blocks_sha256": _blocks_digest(data.val_ids),
+            "tokenizer": {"special_ids": data.special.tolist(), "mask_token_id": int(tokenizer.mask_token_id), "vocab_size": data.vocab_size},
+            "model": _model_identity(model),
+            "extra": _json_canonical(identity_extra, "identity_extra"),
+        },
+        "the checkpoint identity",
+    )
+
+
+def _read_checkpoint(ckpt_path: Path, identity: Any) -> dict[str, Any]:
+    """The checkpoint at ``ckpt_path``, refused (:class:`CheckpointMismatch`) unless it
+    is readable, of this format and of the run ``identity``."""
+    try:
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        raise CheckpointMismatch(f"{ckpt_path} cannot be read ({exc}); delete it to start over") from exc
+    if not isinstance(state, dict) or state.get("format") != _CKPT_FORMAT:
+        fmt = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointMismatch(f"{ckpt_path}: unknown checkpoint format {fmt!r}; delete it to start over")
+    saved = state.get("identity") if isinstance(state.get("identity"), dict) else {}
+    if json.dumps(saved, sort_keys=True) != json.dumps(identity, sort_keys=True):
+        differ = sorted(k for k in identity.keys() | saved.keys() if saved.get(k) != identity.get(k))
+        raise CheckpointMismatch(
+            f"{ckpt_path} was written by a different run ({', '.join(differ)} differ); delete it to start over"
+        )
+    return state
+
+
+class _MLMRun:
+    """The state of one :func:`train_mlm` call: model, optimiser, checkpoint and log."""
+
+    def __init__(self, model: nn.Module, tokenizer, cfg: TrainConfig, device: torch.device, data: _MLMData,
+                 checkpoint_dir: str | os.PathLike | None, identity_extra: Mapping[str, Any] | None) -> None:
+        self.model, self.tokenizer, self.cfg, self.device, self.data = model, tokenizer, cfg, device, data
+        self.optimizer, self.scheduler, self.params = _build_optimizer(model, cfg, device)
+        self.identity = _run_identity(cfg, data, tokenizer, model, identity_extra)
+        self.ckpt_path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
+        self.log: list[dict[str, float]] = []
+        self.start_step = 0
+        self.initial_val_loss: float | None = None
+        self.resumed_from: int | None = None
+        # seeded per-epoch block permutations, the latest few kept (steps only move forward)
+        self._perms: dict[int, torch.Tensor] = {}
+
+    # -- checkpoint ---------------------------------------------------------- #
+    def resume(self) -> None:
+        """Load the checkpoint in ``checkpoint_dir``, if any, into the model, optimiser and log."""
+        if self.ckpt_path is None:
+            return
+        for stale in stale_temps(self.ckpt_path):
+            stale.unlink(missing_ok=True)  # left behind by a run killed while saving
+        if not self.ckpt_path.exists():
+            return
+        state = _read_checkpoint(self.ckpt_path, self.identity)
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            # Same identity but a state that does not fit (e.g. other parameters set to
+            # requires_grad, so other optimizer groups): not this run's checkpoint either.
+            # load_state_dict may have copied some tensors already; the caller rebuilds.
+            raise CheckpointMismatch(f"{self.ckpt_path} does not fit this model ({exc}); delete it to start over") from exc
+        self.start_step = int(state["step"])
+        self.log = list(state["log"])
+        self.initial_val_loss = state["initial_val_loss"]
+        self.resumed_from = self.start_step
+
+    def save(self, step: int) -> None:
+        """Write the state after ``step`` atomically (no-op without a checkpoint_dir)."""
+        if self.ckpt_path is None:
+            return
+        _atomic_torch_save(
+            {
+                "format": _CKPT_FORMAT,
+                "identity": self.identity,
+                "step": step,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "log": self.log,
+                "initial_val_loss": self.initial_val_loss,
+                "cpu_rng_state": torch.get_rng_state(),
+            },
+            self.ckpt_path,
+        )
+
+    def save_final(self) -> None:
+        # A run resumed from its finished checkpoint only re-evaluates: leave that file alone.
+        if self.resumed_from is None or self.resumed_from < self.cfg.steps:
+            self.save(self.cfg.steps)
+
+    # -- evaluation ---------------------------------------------------------- #
+    def evaluate(self) -> tuple[float | None, int]:
+        d = self.data
+        return evaluate_mlm(self.model, d.val_inputs, d.val_am, d.val_labels, self.cfg.val_batch_size, self.device)
+
+    def evaluate_at_start(self) -> None:
+        """Validation loss of the untrained model (a resumed run has it from its checkpoint)."""
+        if self.start_step == 0 and self.cfg.eval_at_start and self.data.val_labels.numel():
+            self.initial_val_loss, _ = self.evaluate()
+
+    # -- training ------------------------------------------------------------ #
+    def batch_indices(self, step: int) -> torch.Tensor:
+        """The blocks of ``step``: epoch ``e`` visits them in the order of its own seeded
+        permutation, so any step's batch is known without replaying the ones before."""
+        cfg, n_blocks, perms = self.cfg, self.data.n_blocks, self._perms
+        first = (step - 1) * cfg.batch_size
+        out = []
+        for i in range(first, first + cfg.batch_size):
+            epoch, pos = divmod(i, n_blocks)
+            if epoch not in perms:
+                if len(perms) > 2:
+                    perms.pop(min(perms))
+                perms[epoch] = torch.randperm(n_blocks, generator=_gen(cfg.seed, "epoch", epoch))
+            out.append(int(perms[epoch][pos]))
+        return torch.tensor(out, dtype=torch.long)
+
+    def optimisation_step(self, step: int) -> tuple[float, float]:
+        """One masked-LM step; returns ``(loss, learning rate used)``.
+
+        Every draw is seeded from ``(cfg.seed, step)``, which is what makes a resumed
+        run bit-identical to an uninterrupted one.
+        """
+        cfg, d, device = self.cfg, self.data, self.device
+        torch.manual_seed(derive_seed(cfg.seed, "dropout", step))
+        idx = self.batch_indices(step)
+        ids, am = d.train_ids[idx], d.train_am[idx]
+        inputs, labels = mask_tokens(
+            ids,
+            am,
+            special_ids=d.special,
+            mask_token_id=int(self.tokenizer.mask_token_id),
+            replace_ids=d.replace_ids,
+            mask_prob=cfg.mask_prob,
+            generator=_gen(cfg.seed, "mask", step),
+        )
+        lr = float(self.scheduler.get_last_lr()[0])
+        with _autocast(device):
+            out = self.model(input_ids=inputs.to(device), attention_mask=am.to(device), labels=labels.to(device))
+        loss = out.loss
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, float(cfg.grad_clip))
+        self.optimizer.step()
+        self.scheduler.step()
+        loss_v = float(loss.detach().float())
+        if not math.isfinite(loss_v):
+            raise FloatingPointError(f"non-finite training loss {loss_v} at step {step}")
+        return loss_v, lr
+
+    def train_steps(self, progress: bool, on_step: Callable[[int, float], None] | None,
+                    max_steps_this_run: int | None) -> int | None:
+        """Steps ``start_step+1 .. cfg.steps``; returns the step it stopped at when
+        ``max_steps_this_run`` cut the run short (after saving), None when it finished."""
+        cfg, device = self.cfg, self.device
+        # Seeding dropout per step must not leak into the caller's global RNG streams.
+        fork_devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=self.start_step, disable=not progress, desc="mlm", dynamic_ncols=True, mininterval=0.5)
+        try:
+            with torch.random.fork_rng(devices=fork_devices):
+                for step in range(self.start_step + 1, cfg.steps + 1):
+                    loss_v, lr = self.optimisation_step(step)
+                    self.log.append({"step": step, "loss": loss_v, "lr": lr})
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss_v:.3f}", refresh=False)
+                    if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                        self.save(step)
+                    if on_step is not None:
+                        on_step(step, loss_v)
+                    if max_steps_this_run is not None and step - self.start_step >= max_steps_this_run and step < cfg.steps:
+                        self.save(step)
+                        raise _StopTraining(step)
+        except _StopTraining as stop:
+            bar.close()
+            return int(stop.args[0])
+        bar.close()
+        return None
+
+    # -- result -------------------------------------------------------------- #
+    def result(self, *, steps_done: int, completed: bool, val_loss: float | None, n_val_tokens_scored: int) -> TrainResult:
+        tail = [r["loss"] for r in self.log[-10:]]
+        return TrainResult(
+            log=self.log,
+            final_train_loss=sum(tail) / len(tail) if tail else None,
+            val_loss=val_loss,
+            val_perplexity=math.exp(val_loss) if val_loss is not None else None,
+            initial_val_loss=self.initial_val_loss,
+            steps_done=steps_done,
+            completed=completed,
+            n_train_tokens=self.data.n_train_tokens,
+            n_train_blocks=self.data.n_blocks,
+            n_val_tokens_scored=n_val_tokens_scored,
+            resumed_from_step=self.resumed_from,
+        )
+
+
+# --------------------------------------------------------------------------- #
 # main entry point
 # --------------------------------------------------------------------------- #
 def train_mlm(
@@ -305,208 +578,23 @@ def train_mlm(
     """
     cfg = TrainConfig.from_any(config)
     device = _resolve_device(cfg.device)
-    if tokenizer.mask_token_id is None:
-        raise ValueError("tokenizer has no mask token; masked-LM training needs one")
-
-    train_ids, train_am = make_blocks(tokenizer, train_texts, cfg.max_length)
-    if train_ids.shape[0] == 0:
-        raise ValueError("no training text")
-    val_ids, val_am = make_blocks(tokenizer, val_texts, cfg.max_length)
-    val_inputs, val_labels = fixed_eval_mask(tokenizer, val_ids, val_am, cfg.mask_prob, cfg.val_seed)
-
-    special = torch.tensor(_special_ids(tokenizer), dtype=torch.long)
-    vocab_size = len(tokenizer)
-    try:  # never draw random replacement ids the model cannot embed
-        vocab_size = min(vocab_size, int(model.get_input_embeddings().weight.shape[0]))
-    except (AttributeError, NotImplementedError, TypeError):
-        pass
-    replace_ids = _replace_ids(tokenizer, vocab_size)
-    n_train_tokens = int(_maskable(train_ids, train_am, special).sum())
-    n_blocks = train_ids.shape[0]
-
-    model.to(device)
-    model.train()
-    optimizer = torch.optim.AdamW(
-        _param_groups(model, cfg.weight_decay),
-        lr=cfg.learning_rate,
-        betas=cfg.adam_betas,
-        eps=cfg.adam_eps,
-    )
-    from transformers import get_linear_schedule_with_warmup
-
-    warmup = int(round(cfg.warmup_ratio * cfg.steps))
-    scheduler = get_linear_schedule_with_warmup(optimizer, warmup, cfg.steps)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    # Everything that shapes the trajectory: a checkpoint is resumed only into the same run.
-    identity = _json_canonical(
-        {
-            "config": cfg.identity(),
-            "train_blocks_sha256": _blocks_digest(train_ids),
-            "val_blocks_sha256": _blocks_digest(val_ids),
-            "tokenizer": {"special_ids": special.tolist(), "mask_token_id": int(tokenizer.mask_token_id), "vocab_size": vocab_size},
-            "model": _model_identity(model),
-            "extra": _json_canonical(identity_extra, "identity_extra"),
-        },
-        "the checkpoint identity",
-    )
-    ckpt_path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
-
-    log: list[dict[str, float]] = []
-    start_step = 0
-    initial_val_loss: float | None = None
-    resumed_from: int | None = None
-    if ckpt_path is not None:
-        for stale in stale_temps(ckpt_path):
-            stale.unlink(missing_ok=True)  # left behind by a run killed while saving
-    if ckpt_path is not None and ckpt_path.exists():
-        try:
-            state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        except (RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-            raise CheckpointMismatch(f"{ckpt_path} cannot be read ({exc}); delete it to start over") from exc
-        if not isinstance(state, dict) or state.get("format") != _CKPT_FORMAT:
-            fmt = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise CheckpointMismatch(f"{ckpt_path}: unknown checkpoint format {fmt!r}; delete it to start over")
-        saved = state.get("identity") if isinstance(state.get("identity"), dict) else {}
-        if json.dumps(saved, sort_keys=True) != json.dumps(identity, sort_keys=True):
-            differ = sorted(k for k in identity.keys() | saved.keys() if saved.get(k) != identity.get(k))
-            raise CheckpointMismatch(
-                f"{ckpt_path} was written by a different run ({', '.join(differ)} differ); delete it to start over"
-            )
-        try:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-        except (RuntimeError, ValueError, KeyError) as exc:
-            # Same identity but a state that does not fit (e.g. other parameters set to
-            # requires_grad, so other optimizer groups): not this run's checkpoint either.
-            # load_state_dict may have copied some tensors already; the caller rebuilds.
-            raise CheckpointMismatch(f"{ckpt_path} does not fit this model ({exc}); delete it to start over") from exc
-        start_step = int(state["step"])
-        log = list(state["log"])
-        initial_val_loss = state["initial_val_loss"]
-        resumed_from = start_step
-        del state
-
-    def save(step: int) -> None:
-        if ckpt_path is None:
-            return
-        _atomic_torch_save(
-            {
-                "format": _CKPT_FORMAT,
-                "identity": identity,
-                "step": step,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "log": log,
-                "initial_val_loss": initial_val_loss,
-                "cpu_rng_state": torch.get_rng_state(),
-            },
-            ckpt_path,
-        )
+    data = _prepare_data(model, tokenizer, train_texts, val_texts, cfg)
+    run = _MLMRun(model, tokenizer, cfg, device, data, checkpoint_dir, identity_extra)
+    run.resume()
 
     with _deterministic(device):
-        if start_step == 0 and cfg.eval_at_start and val_labels.numel():
-            initial_val_loss, _ = evaluate_mlm(model, val_inputs, val_am, val_labels, cfg.val_batch_size, device)
-
-        perms: dict[int, torch.Tensor] = {}
-
-        def batch_indices(step: int) -> torch.Tensor:
-            first = (step - 1) * cfg.batch_size
-            out = []
-            for i in range(first, first + cfg.batch_size):
-                epoch, pos = divmod(i, n_blocks)
-                if epoch not in perms:
-                    if len(perms) > 2:
-                        perms.pop(min(perms))
-                    perms[epoch] = torch.randperm(n_blocks, generator=_gen(cfg.seed, "epoch", epoch))
-                out.append(int(perms[epoch][pos]))
-            return torch.tensor(out, dtype=torch.long)
-
-        fork_devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-        completed = start_step >= cfg.steps
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start_step, disable=not progress, desc="mlm", dynamic_ncols=True, mininterval=0.5)
-        try:
-            with torch.random.fork_rng(devices=fork_devices):
-                for step in range(start_step + 1, cfg.steps + 1):
-                    torch.manual_seed(derive_seed(cfg.seed, "dropout", step))
-                    idx = batch_indices(step)
-                    ids, am = train_ids[idx], train_am[idx]
-                    inputs, labels = mask_tokens(
-                        ids,
-                        am,
-                        special_ids=special,
-                        mask_token_id=int(tokenizer.mask_token_id),
-                        replace_ids=replace_ids,
-                        mask_prob=cfg.mask_prob,
-                        generator=_gen(cfg.seed, "mask", step),
-                    )
-                    lr = float(scheduler.get_last_lr()[0])
-                    with _autocast(device):
-                        out = model(input_ids=inputs.to(device), attention_mask=am.to(device), labels=labels.to(device))
-                    loss = out.loss
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if cfg.grad_clip is not None:
-                        torch.nn.utils.clip_grad_norm_(params, float(cfg.grad_clip))
-                    optimizer.step()
-                    scheduler.step()
-                    loss_v = float(loss.detach().float())
-                    if not math.isfinite(loss_v):
-                        raise FloatingPointError(f"non-finite training loss {loss_v} at step {step}")
-                    log.append({"step": step, "loss": loss_v, "lr": lr})
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss_v:.3f}", refresh=False)
-                    if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                        save(step)
-                    if on_step is not None:
-                        on_step(step, loss_v)
-                    if max_steps_this_run is not None and step - start_step >= max_steps_this_run and step < cfg.steps:
-                        save(step)
-                        raise _StopTraining(step)
-                completed = True
-        except _StopTraining as stop:
-            bar.close()
-            done = int(stop.args[0])
-            tail = [r["loss"] for r in log[-10:]]
-            return TrainResult(
-                log=log,
-                final_train_loss=sum(tail) / len(tail) if tail else None,
-                val_loss=None,
-                val_perplexity=None,
-                initial_val_loss=initial_val_loss,
-                steps_done=done,
-                completed=False,
-                n_train_tokens=n_train_tokens,
-                n_train_blocks=n_blocks,
-                n_val_tokens_scored=int((val_labels != -100).sum()),
-                resumed_from_step=resumed_from,
-            )
-        bar.close()
-        if completed and (resumed_from is None or resumed_from < cfg.steps):
-            save(cfg.steps)
+        run.evaluate_at_start()
+        stopped_at = run.train_steps(progress, on_step, max_steps_this_run)
+        if stopped_at is not None:  # cut short: no validation numbers
+            return run.result(steps_done=stopped_at, completed=False, val_loss=None,
+                              n_val_tokens_scored=int((data.val_labels != -100).sum()))
+        run.save_final()
 
         val_loss, n_scored = (None, 0)
-        if val_labels.numel():
-            val_loss, n_scored = evaluate_mlm(model, val_inputs, val_am, val_labels, cfg.val_batch_size, device)
+        if data.val_labels.numel():
+            val_loss, n_scored = run.evaluate()
 
-    tail = [r["loss"] for r in log[-10:]]
-    return TrainResult(
-        log=log,
-        final_train_loss=sum(tail) / len(tail) if tail else None,
-        val_loss=val_loss,
-        val_perplexity=math.exp(val_loss) if val_loss is not None else None,
-        initial_val_loss=initial_val_loss,
-        steps_done=cfg.steps,
-        completed=True,
-        n_train_tokens=n_train_tokens,
-        n_train_blocks=n_blocks,
-        n_val_tokens_scored=n_scored,
-        resumed_from_step=resumed_from,
-    )
+    return run.result(steps_done=cfg.steps, completed=True, val_loss=val_loss, n_val_tokens_scored=n_scored)
 
 
 def train_mlm_restarting(model: nn.Module, tokenizer, train_texts: Sequence[str], val_texts: Sequence[str],

@@ -1,4 +1,20 @@
-"""ZOODOC"""
+"""Model zoo: recipe -> trained tokenizer + untrained masked-LM -> pretrained artifact.
+
+Public API
+----------
+* :class:`Recipe` -- validated description of one zoo model.
+* :func:`build_model` -- the untrained ``*ForMaskedLM`` for a recipe (one config builder per
+  architecture family).
+* :func:`unigram_perplexity` -- add-one smoothed unigram baseline.
+* :func:`pretrain` -- a tokenizer (:func:`lmdecomp.models.tokenizing.train_tokenizer`), the model
+  above and :func:`lmdecomp.models.train.train_mlm`, written atomically to ``out_dir``.
+
+Artifacts in ``out_dir`` (byte-identical for the same recipe, texts, library
+versions, hardware and thread count): ``config.json``, ``model.safetensors``,
+``generation_config.json`` if transformers writes one, ``tokenizer.json``,
+``tokenizer_config.json``, ``train_log.parquet`` (columns step:int64,
+loss:float64, lr:float64), ``manifest.json``.
+"""
 
 from __future__ import annotations
 
@@ -177,79 +193,130 @@ def build_model(recipe: Recipe, tokenizer):
 
     if not isinstance(recipe, Recipe):
         raise TypeError("recipe must be a Recipe")
-    vocab = len(tokenizer)
-    pad = tokenizer.pad_token_id
+    config, cls = _architecture_config(tf, recipe, tokenizer)
+    _copy_special_token_ids(config, tokenizer)
+    return _seeded_model(cls, config, recipe.seed)
+
+
+def _architecture_config(tf, recipe: Recipe, tokenizer) -> tuple[Any, type]:
+    """The ``(config, *ForMaskedLM class)`` of ``recipe.architecture``, sized to ``tokenizer``."""
+    common = _common_config_kwargs(recipe, tokenizer)
+    # Tokenizers without <s>/</s> (WordPiece, Unigram) use [CLS]/[SEP] as begin/end tokens.
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    arch = recipe.architecture
+    if arch not in _ARCHITECTURE_CONFIGS:  # pragma: no cover - Recipe validates
+        raise ValueError(f"Recipe.architecture={arch!r}: unsupported")
+    return _ARCHITECTURE_CONFIGS[arch](tf, recipe, tokenizer, common, bos, eos)
+
+
+def _common_config_kwargs(recipe: Recipe, tokenizer) -> dict[str, Any]:
+    """Config kwargs that every BERT-style config spells the same way (all but ModernBERT)."""
     common = dict(
-        vocab_size=vocab,
+        vocab_size=len(tokenizer),
         hidden_size=recipe.hidden_size,
         num_hidden_layers=recipe.num_layers,
         num_attention_heads=recipe.num_heads,
         intermediate_size=recipe.intermediate_size,
         hidden_dropout_prob=float(recipe.dropout),
         attention_probs_dropout_prob=float(recipe.dropout),
-        pad_token_id=pad,
+        pad_token_id=tokenizer.pad_token_id,
     )
     if recipe.init_std is not None:
         common["initializer_range"] = float(recipe.init_std)
-    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
-    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
-    arch = recipe.architecture
-    if arch == "bert":
-        config = tf.BertConfig(max_position_embeddings=recipe.max_length, type_vocab_size=2, **common)
-        cls = tf.BertForMaskedLM
-    elif arch == "roberta":
-        config = tf.RobertaConfig(
-            max_position_embeddings=recipe.max_length + int(pad) + 1, type_vocab_size=1,
-            bos_token_id=bos, eos_token_id=eos, **common,
-        )
-        cls = tf.RobertaForMaskedLM
-    elif arch == "albert":
-        config = tf.AlbertConfig(
-            embedding_size=min(recipe.hidden_size, 128), max_position_embeddings=recipe.max_length,
-            type_vocab_size=2, num_hidden_groups=1, inner_group_num=1,
-            bos_token_id=bos, eos_token_id=eos, classifier_dropout_prob=float(recipe.dropout), **common,
-        )
-        cls = tf.AlbertForMaskedLM
-    elif arch == "deberta-v2":
-        config = tf.DebertaV2Config(
-            max_position_embeddings=recipe.max_length, type_vocab_size=0,
-            relative_attention=True, max_relative_positions=-1, position_buckets=min(256, recipe.max_length),
-            pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm",
-            share_att_key=True, hidden_act="gelu", **common,
-        )
-        cls = tf.DebertaV2ForMaskedLM
-    elif arch == "electra":
-        config = tf.ElectraConfig(
-            embedding_size=recipe.hidden_size, max_position_embeddings=recipe.max_length, type_vocab_size=2, **common,
-        )
-        cls = tf.ElectraForMaskedLM
-    elif arch == "modernbert":
-        # Rotary positions, pre-LayerNorm, GeGLU; global attention in every layer at these lengths.
-        config = tf.ModernBertConfig(
-            vocab_size=vocab, hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_layers,
-            num_attention_heads=recipe.num_heads, intermediate_size=recipe.intermediate_size,
-            max_position_embeddings=recipe.max_length, attention_dropout=float(recipe.dropout),
-            mlp_dropout=float(recipe.dropout), embedding_dropout=float(recipe.dropout),
-            pad_token_id=pad, bos_token_id=bos, eos_token_id=eos,
-            cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
-            global_attn_every_n_layers=1, local_attention=recipe.max_length,
-            **({"initializer_range": float(recipe.init_std)} if recipe.init_std is not None else {}),
-        )
-        cls = tf.ModernBertForMaskedLM
-    elif arch == "roformer":
-        # BERT with rotary position embeddings instead of learned absolute ones.
-        config = tf.RoFormerConfig(
-            embedding_size=recipe.hidden_size, max_position_embeddings=recipe.max_length, type_vocab_size=2, **common,
-        )
-        cls = tf.RoFormerForMaskedLM
-    else:  # pragma: no cover - Recipe validates
-        raise ValueError(f"Recipe.architecture={arch!r}: unsupported")
+    return common
+
+
+# One builder per architecture: (tf, recipe, tokenizer, common kwargs, bos id, eos id) -> (config, model class).
+def _bert_config(tf, recipe, tokenizer, common, bos, eos):
+    config = tf.BertConfig(max_position_embeddings=recipe.max_length, type_vocab_size=2, **common)
+    return config, tf.BertForMaskedLM
+
+
+def _roberta_config(tf, recipe, tokenizer, common, bos, eos):
+    # RoBERTa's positions start after the pad id, hence the extra pad id + 1 embeddings.
+    config = tf.RobertaConfig(
+        max_position_embeddings=recipe.max_length + int(common["pad_token_id"]) + 1, type_vocab_size=1,
+        bos_token_id=bos, eos_token_id=eos, **common,
+    )
+    return config, tf.RobertaForMaskedLM
+
+
+def _albert_config(tf, recipe, tokenizer, common, bos, eos):
+    # A factorized embedding (at most 128 wide) and one layer shared across all num_layers.
+    config = tf.AlbertConfig(
+        embedding_size=min(recipe.hidden_size, 128), max_position_embeddings=recipe.max_length,
+        type_vocab_size=2, num_hidden_groups=1, inner_group_num=1,
+        bos_token_id=bos, eos_token_id=eos, classifier_dropout_prob=float(recipe.dropout), **common,
+    )
+    return config, tf.AlbertForMaskedLM
+
+
+def _deberta_v2_config(tf, recipe, tokenizer, common, bos, eos):
+    config = tf.DebertaV2Config(
+        max_position_embeddings=recipe.max_length, type_vocab_size=0,
+        relative_attention=True, max_relative_positions=-1, position_buckets=min(256, recipe.max_length),
+        pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm",
+        share_att_key=True, hidden_act="gelu", **common,
+    )
+    return config, tf.DebertaV2ForMaskedLM
+
+
+def _electra_config(tf, recipe, tokenizer, common, bos, eos):
+    config = tf.ElectraConfig(
+        embedding_size=recipe.hidden_size, max_position_embeddings=recipe.max_length, type_vocab_size=2, **common,
+    )
+    return config, tf.ElectraForMaskedLM
+
+
+def _modernbert_config(tf, recipe, tokenizer, common, bos, eos):
+    # Rotary positions, pre-LayerNorm, GeGLU; global attention in every layer at these lengths.
+    # ModernBertConfig names its sizes and dropouts differently, so ``common`` is not splatted.
+    config = tf.ModernBertConfig(
+        vocab_size=common["vocab_size"], hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads, intermediate_size=recipe.intermediate_size,
+        max_position_embeddings=recipe.max_length, attention_dropout=float(recipe.dropout),
+        mlp_dropout=float(recipe.dropout), embedding_dropout=float(recipe.dropout),
+        pad_token_id=common["pad_token_id"], bos_token_id=bos, eos_token_id=eos,
+        cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
+        global_attn_every_n_layers=1, local_attention=recipe.max_length,
+        **({"initializer_range": float(recipe.init_std)} if recipe.init_std is not None else {}),
+    )
+    return config, tf.ModernBertForMaskedLM
+
+
+def _roformer_config(tf, recipe, tokenizer, common, bos, eos):
+    # BERT with rotary position embeddings instead of learned absolute ones.
+    config = tf.RoFormerConfig(
+        embedding_size=recipe.hidden_size, max_position_embeddings=recipe.max_length, type_vocab_size=2, **common,
+    )
+    return config, tf.RoFormerForMaskedLM
+
+
+_ARCHITECTURE_CONFIGS = {
+    "bert": _bert_config,
+    "roberta": _roberta_config,
+    "albert": _albert_config,
+    "deberta-v2": _deberta_v2_config,
+    "electra": _electra_config,
+    "modernbert": _modernbert_config,
+    "roformer": _roformer_config,
+}
+
+
+def _copy_special_token_ids(config, tokenizer) -> None:
+    """Record the tokenizer's special-token ids in the config (saved with the model)."""
     for name in ("cls_token_id", "sep_token_id", "mask_token_id", "unk_token_id"):
         v = getattr(tokenizer, name, None)
         if v is not None:
             setattr(config, name, int(v))
+
+
+def _seeded_model(cls, config, seed: int):
+    """``cls(config)`` with weights drawn after ``torch.manual_seed(seed)``, in training mode."""
+    # fork_rng: seeding here must not disturb the caller's global RNG stream.
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(recipe.seed)
+        torch.manual_seed(seed)
         model = cls(config)
     model.train()
     return model
@@ -270,7 +337,7 @@ def unigram_perplexity(
     """Perplexity of an add-one smoothed unigram token model.
 
     Fit: counts of the *maskable* tokens (not special, not padding) of the
-    training blocks built exactly as :func:`lmdecomp.train.make_blocks` builds
+    training blocks built exactly as :func:`lmdecomp.models.masking.make_blocks` builds
     them; ``p(t) = (count(t) + 1) / (N + V)`` with ``V = len(tokenizer)`` (the
     full output vocabulary of the MLM, special tokens included).
 
@@ -278,7 +345,7 @@ def unigram_perplexity(
     loss scores.  With ``mask_prob`` and ``mask_seed`` given (``pretrain``
     passes the recipe's ``mask_prob`` and the training config's ``val_seed``)
     these are exactly the positions of the fixed validation mask of
-    :func:`lmdecomp.train.train_mlm`, so ``val_perplexity`` and this number are
+    :func:`lmdecomp.models.train.train_mlm`, so ``val_perplexity`` and this number are
     averages over the same tokens; without them, all maskable tokens of the eval
     blocks are used (the expectation of the former).
     """
@@ -365,13 +432,7 @@ def pretrain(
         checkpoint_every=checkpoint_every if checkpoint_every is not None else max(50, recipe.steps // 10),
         device=device,
     )
-    # The whole recipe is part of the checkpoint's identity: a model field (heads,
-    # dropout, init_std, ...) edited after a killed run must not resume the old weights.
-    # ``name`` is only a label.
-    run = {k: v for k, v in recipe.to_dict().items() if k != "name"}
-    result: TrainResult = train_mlm_restarting(
-        model, tok, train_texts, val_texts, cfg, ckpt_dir, progress, max_steps_this_run=max_steps_this_run, identity_extra=run,
-    )
+    result = _train_resumably(recipe, model, tok, train_texts, val_texts, cfg, ckpt_dir, progress, max_steps_this_run)
     if not result.completed:
         return {"completed": False, "steps_done": result.steps_done, "checkpoint_dir": str(ckpt_dir)}
 
@@ -380,60 +441,94 @@ def pretrain(
     )
 
     with atomic_dir(out_dir) as tmp:
-        model.to("cpu")
-        model.eval()
-        from transformers.utils import logging as hf_logging
-
-        bars_were_disabled = hf_logging.is_progress_bar_enabled() is False
-        if not progress:
-            hf_logging.disable_progress_bar()
-        try:
-            model.save_pretrained(tmp)
-        finally:
-            if not bars_were_disabled:
-                hf_logging.enable_progress_bar()
-        tok.save_pretrained(tmp)
+        _save_model_and_tokenizer(model, tok, tmp, progress)
         _write_log_parquet(result.log, tmp / "train_log.parquet")
-        weights = tmp / "model.safetensors"
-        manifest: dict[str, Any] = {
-            "completed": True,
-            "name": recipe.name,
-            "recipe": recipe.to_dict(),
-            "seed": recipe.seed,
-            "model_class": type(model).__name__,
-            "n_parameters": int(sum(p.numel() for p in model.parameters())),
-            "tokenizer_vocab_size": len(tok),
-            "n_train_texts": len(train_texts),
-            "n_val_texts": len(val_texts),
-            "n_train_tokens": result.n_train_tokens,
-            "n_train_blocks": result.n_train_blocks,
-            "n_val_tokens_scored": result.n_val_tokens_scored,
-            "steps": result.steps_done,
-            "initial_val_loss": result.initial_val_loss,
-            "final_train_loss": result.final_train_loss,
-            "final_train_loss_note": "mean training loss of the last min(10, steps) steps",
-            "val_loss": result.val_loss,
-            "val_perplexity": result.val_perplexity,
-            "unigram_perplexity": unigram_ppl,
-            "perplexity_note": (
-                "val_perplexity = exp(token-mean masked-LM cross-entropy) and unigram_perplexity "
-                "(add-one smoothed unigram fit on the training tokens) are both computed over the "
-                "same positions: the fixed validation mask (mask_prob, val_seed) of the val blocks"
-            ),
-            "val_seed": cfg.val_seed,
-            "model_sha256": sha256_file(weights),
-            "versions": {
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "tokenizers": tokenizers.__version__,
-            },
-        }
-        with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True, ensure_ascii=False)
-            f.write("\n")
+        manifest = _manifest(
+            recipe, model, tok, result, cfg, n_train_texts=len(train_texts), n_val_texts=len(val_texts),
+            unigram_ppl=unigram_ppl, weights=tmp / "model.safetensors",
+            versions={"torch": torch.__version__, "transformers": transformers.__version__,
+                      "tokenizers": tokenizers.__version__},
+        )
+        _write_manifest(manifest, tmp / "manifest.json")
+    _remove_checkpoint(ckpt_dir, work)
+    return manifest
+
+
+def _train_resumably(recipe: Recipe, model, tok, train_texts: list[str], val_texts: list[str], cfg: TrainConfig,
+                     ckpt_dir: Path, progress: bool, max_steps_this_run: int | None) -> TrainResult:
+    """Train ``model``, resuming from (and checkpointing to) ``ckpt_dir``."""
+    # The whole recipe is part of the checkpoint's identity: a model field (heads,
+    # dropout, init_std, ...) edited after a killed run must not resume the old weights.
+    # ``name`` is only a label.
+    run = {k: v for k, v in recipe.to_dict().items() if k != "name"}
+    return train_mlm_restarting(
+        model, tok, train_texts, val_texts, cfg, ckpt_dir, progress, max_steps_this_run=max_steps_this_run, identity_extra=run,
+    )
+
+
+def _save_model_and_tokenizer(model, tok, folder: Path, progress: bool) -> None:
+    """Save the model (on the CPU, in eval mode) and the tokenizer into ``folder``."""
+    model.to("cpu")
+    model.eval()
+    from transformers.utils import logging as hf_logging
+
+    # Silence save_pretrained's progress bars when asked to, and restore the
+    # caller's setting afterwards (unless the caller had them off already).
+    bars_were_disabled = hf_logging.is_progress_bar_enabled() is False
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(folder)
+    finally:
+        if not bars_were_disabled:
+            hf_logging.enable_progress_bar()
+    tok.save_pretrained(folder)
+
+
+def _manifest(recipe: Recipe, model, tok, result: TrainResult, cfg: TrainConfig, *, n_train_texts: int,
+              n_val_texts: int, unigram_ppl: float, weights: Path, versions: dict[str, str]) -> dict[str, Any]:
+    """The manifest of a completed run; ``weights`` (the saved model file) is hashed into it."""
+    return {
+        "completed": True,
+        "name": recipe.name,
+        "recipe": recipe.to_dict(),
+        "seed": recipe.seed,
+        "model_class": type(model).__name__,
+        "n_parameters": int(sum(p.numel() for p in model.parameters())),
+        "tokenizer_vocab_size": len(tok),
+        "n_train_texts": n_train_texts,
+        "n_val_texts": n_val_texts,
+        "n_train_tokens": result.n_train_tokens,
+        "n_train_blocks": result.n_train_blocks,
+        "n_val_tokens_scored": result.n_val_tokens_scored,
+        "steps": result.steps_done,
+        "initial_val_loss": result.initial_val_loss,
+        "final_train_loss": result.final_train_loss,
+        "final_train_loss_note": "mean training loss of the last min(10, steps) steps",
+        "val_loss": result.val_loss,
+        "val_perplexity": result.val_perplexity,
+        "unigram_perplexity": unigram_ppl,
+        "perplexity_note": (
+            "val_perplexity = exp(token-mean masked-LM cross-entropy) and unigram_perplexity "
+            "(add-one smoothed unigram fit on the training tokens) are both computed over the "
+            "same positions: the fixed validation mask (mask_prob, val_seed) of the val blocks"
+        ),
+        "val_seed": cfg.val_seed,
+        "model_sha256": sha256_file(weights),
+        "versions": versions,
+    }
+
+
+def _write_manifest(manifest: dict[str, Any], path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
+
+
+def _remove_checkpoint(ckpt_dir: Path, work: Path) -> None:
+    """Delete the training checkpoint of a finished run, and ``work`` if that leaves it empty."""
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     try:
         work.rmdir()  # only if empty (the caller may keep other files there)
     except OSError:
         pass
-    return manifest

@@ -311,39 +311,68 @@ def mpo_decompose(
         raise ValueError(f"expected a matrix, got shape {tuple(weight.shape)}")
     if rel_err is not None and not rel_err >= 0:  # also rejects nan
         raise ValueError(f"rel_err must be a number >= 0, got {rel_err}")
-    out_shape = tuple(out_shape) if out_shape is not None else tuple(factorize(weight.shape[0], n_cores))
-    in_shape = tuple(in_shape) if in_shape is not None else tuple(factorize(weight.shape[1], n_cores))
+    out_shape, in_shape = _mpo_shapes(weight, out_shape, in_shape, n_cores)
     n = len(out_shape)
-    if len(in_shape) != n:
-        raise ValueError(f"out_shape {out_shape} and in_shape {in_shape} need the same number of factors")
-    if math.prod(out_shape) != weight.shape[0] or math.prod(in_shape) != weight.shape[1]:
-        raise ValueError(f"shapes {out_shape} x {in_shape} do not factor a {tuple(weight.shape)} weight")
     caps = _as_bond_caps(max_bond, n)
     budget = None  # B_k of the docstring: squared error still allowed
     if rel_err is not None and n > 1:
         budget = (rel_err**2) * float(weight.double().square().sum())
-
     w = weight.detach()
+    # (i_1…i_n, j_1…j_n) → (i_1 j_1, …, i_n j_n): core k's physical indices side by side
     rest = w.reshape(out_shape + in_shape).permute([p for k in range(n) for p in (k, n + k)]).contiguous()
+    cores, spectra, errors = _tt_svd_sweep(rest, out_shape, in_shape, caps, budget)
+    return MPO(cores, out_shape, in_shape, spectra, errors)
+
+
+def _mpo_shapes(
+    weight: Tensor, out_shape: Sequence[int] | None, in_shape: Sequence[int] | None, n_cores: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(out_shape, in_shape)`` of :func:`mpo_decompose` as tuples (:func:`factorize` with
+    ``n_cores`` factors where not given), checked to have as many factors each and to factor
+    ``weight``'s shape."""
+    out_shape = tuple(out_shape) if out_shape is not None else tuple(factorize(weight.shape[0], n_cores))
+    in_shape = tuple(in_shape) if in_shape is not None else tuple(factorize(weight.shape[1], n_cores))
+    if len(in_shape) != len(out_shape):
+        raise ValueError(f"out_shape {out_shape} and in_shape {in_shape} need the same number of factors")
+    if math.prod(out_shape) != weight.shape[0] or math.prod(in_shape) != weight.shape[1]:
+        raise ValueError(f"shapes {out_shape} x {in_shape} do not factor a {tuple(weight.shape)} weight")
+    return out_shape, in_shape
+
+
+def _tt_svd_sweep(
+    rest: Tensor, out_shape: tuple[int, ...], in_shape: tuple[int, ...], caps: list[int | None], budget: float | None
+) -> tuple[list[Tensor], list[Tensor], list[float]]:
+    """The left-to-right TT-SVD sweep of :func:`mpo_decompose` over the interleaved weight
+    ``rest`` (``(i_1, j_1, …, i_n, j_n)``, contiguous): its cores, every step's full spectrum and
+    the ``ε_k`` discarded there. ``budget``: ``B_1`` of its docstring, or None for no error budget."""
+    n = len(out_shape)
     cores, spectra, errors = [], [], []
     rank = 1
     for k in range(n - 1):
         u, s, vh = _thin_svd(rest.reshape(rank * out_shape[k] * in_shape[k], -1))
         # tail[t] = Σ_{s ≥ t} σ_s² (non-increasing), with tail[len] = 0 appended.
         tail = torch.cat([torch.cumsum(s.double().square().flip(0), 0).flip(0), s.new_zeros(1, dtype=torch.float64)])
-        if budget is None:
-            new_rank = s.numel()
-        else:
-            delta_sq = max(budget, 0.0) / (n - 1 - k)  # δ_{k+1}² with 0-based k
-            new_rank = max(1, int((tail[:-1] > delta_sq).sum()))
-        if caps[k] is not None:
-            new_rank = min(new_rank, caps[k])
+        new_rank = _step_rank(s, tail, budget, n - 1 - k, caps[k])
         cores.append(u[:, :new_rank].reshape(rank, out_shape[k], in_shape[k], new_rank))
         spectra.append(s.clone())
         errors.append(math.sqrt(float(tail[new_rank])))
         if budget is not None:
-            budget -= float(tail[new_rank])
+            budget -= float(tail[new_rank])  # B_{k+1} = B_k − ε_k²
         rest = s[:new_rank, None] * vh[:new_rank]
         rank = new_rank
     cores.append(rest.reshape(rank, out_shape[-1], in_shape[-1], 1))
-    return MPO(cores, out_shape, in_shape, spectra, errors)
+    return cores, spectra, errors
+
+
+def _step_rank(s: Tensor, tail: Tensor, budget: float | None, steps_left: int, cap: int | None) -> int:
+    """``r_k`` of one SVD step with singular values ``s`` and tail energies ``tail``: all of them
+    without a budget, else the smallest rank (≥ 1) with ``ε_k² ≤ δ_k² = max(B_k, 0) / steps_left``
+    (a budget overdrawn by a binding cap is clamped at 0); then at most ``cap``."""
+    if budget is None:
+        new_rank = s.numel()
+    else:
+        delta_sq = max(budget, 0.0) / steps_left
+        new_rank = max(1, int((tail[:-1] > delta_sq).sum()))
+    if cap is not None:
+        new_rank = min(new_rank, cap)
+    return new_rank

@@ -7,7 +7,7 @@ dropped) followed by mean pooling over real tokens and a linear layer::
 
 Training: AdamW with linear warmup (10%) and linear decay over ``epochs`` epochs,
 gradient clipping at 1, seeded example order and dropout per step (as in
-:func:`lmdecomp.train.train_mlm`), validation accuracy after every epoch, early stopping
+:func:`lmdecomp.models.train.train_mlm`), validation accuracy after every epoch, early stopping
 after ``patience`` epochs without improvement, and the best epoch's weights restored
 before the test split is scored. ``trainable="auxiliary"`` freezes everything except the
 auxiliary MPO cores, adapters, residual gates and the classifier (central tensors frozen);

@@ -4,7 +4,7 @@
 ``mpo``      the base with every targeted linear layer an MPO truncated to ``bond``
              (:func:`lmdecomp.mpo.convert_linears`), then healed by masked-LM training.
 ``mpobert``  ``layers`` deep, one central tensor per weight type shared by all layers
-             (:mod:`lmdecomp.mpobert`): fit at the base's depth, healed, grown, pretrained.
+             (:mod:`lmdecomp.mpo.mpobert`): fit at the base's depth, healed, grown, pretrained.
 ``albert``   ``layers`` deep, one whole layer shared by all depths (ALBERT-style), built
              the same way.
 
