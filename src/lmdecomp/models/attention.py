@@ -90,11 +90,19 @@ def blocked_attention_forward(
             bias = attention_mask.to(query.dtype)
     step = max(1, (block_scores or BLOCK_SCORES) // (heads * q_len * k_len))
     out = torch.empty(batch, q_len, heads, dim, dtype=query.dtype, device=query.device)
-    probs = torch.empty(min(step, batch), heads, q_len, k_len, dtype=query.dtype, device=query.device)
+    probs = None
     scaled_query = query * scale
     for start in range(0, batch, step):
         stop = min(start + step, batch)
         scores = torch.matmul(scaled_query[start:stop], key[start:stop].transpose(-1, -2))
+        if probs is None:
+            # the scores' dtype, not the query's: under autocast a rotary model's query is float32
+            # while matmul gives bfloat16 (an encoder's query is bfloat16 already: no change there)
+            probs = torch.empty(min(step, batch), heads, q_len, k_len, dtype=scores.dtype, device=query.device)
+            if bias is not None and bias.dtype != scores.dtype:
+                bias = attention_mask.to(scores.dtype) if attention_mask.dtype != torch.bool else \
+                    torch.zeros(attention_mask.shape, dtype=scores.dtype, device=query.device).masked_fill_(
+                        ~attention_mask, torch.finfo(scores.dtype).min)
         if bias is not None:
             scores.add_(bias[start:stop] if bias.shape[0] > 1 else bias)
         p = probs[: stop - start]

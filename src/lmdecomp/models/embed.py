@@ -11,11 +11,24 @@ A text longer than the model's ``max_length`` is cut into consecutive windows of
 ``max_length`` tokens, each with the model's special tokens (``overflow: windows``, the
 default for mean pooling), and pooled over the tokens of all its windows, so every model
 embeds the whole text whatever its tokenizer's length for it; ``overflow: truncate`` keeps the
-first window only (the only choice for ``cls`` and ``padded_mean``). The manifest counts the
-windowed and the truncated texts.
+first window only (the only choice for ``cls``, ``last`` and ``padded_mean``). The manifest
+counts the windowed and the truncated texts.
 
 Pooling of the hidden states of a text's tokens into a vector – ``mean`` (the default),
-``padded_mean`` or ``cls`` – is :mod:`lmdecomp.models.pooling`, with its formulas.
+``padded_mean``, ``cls`` or ``last`` – is :mod:`lmdecomp.models.pooling`, with its formulas.
+``mean`` averages every real token of the text, the tokenizer's own special tokens included:
+BERT's [CLS] and [SEP], and for a decoder LLM Gemma's ``<bos>`` (SmolLM2's tokenizer adds none).
+``last`` is the state of the last real token, the usual sentence vector of a decoder LLM (under
+causal attention the one token that has seen the whole text; the end token if the tokenizer
+appends one); like ``cls`` it is one token of one window, so it needs ``overflow: truncate``.
+
+Batches are padded on the right, whatever side the tokenizer pads on (Gemma's pads on the left):
+transformers' decoders number the positions of a row from its first column (the cache
+position), not from the attention mask, so left padding shifts a text's positions. Rotary
+positions (Llama, Gemma-3) only see position differences, so that changes their states by
+rounding only (~1e-7), but learned absolute positions (GPT-2) change them outright, and ``cls``
+would take a padding column. With right padding and causal attention, padding never reaches a
+real token. The encoders' tokenizers pad on the right already: nothing changes for them.
 
 With ``granularity: word`` a row is a word instead of a sequence: the mean of the states of
 the word's subword tokens, words cut by one fixed pre-tokenizer for every model (see
@@ -304,7 +317,9 @@ def _settings(cfg: Mapping[str, Any]) -> _Settings:
         raise EmbedError(f"embed.overflow is {overflow!r}; choose one of {OVERFLOWS}")
     if overflow == "windows" and pooling != "mean":
         raise EmbedError(f"embed.overflow: windows averages the tokens of every window and needs embed.pooling: "
-                         f"mean (got {pooling!r}); set embed.overflow: truncate to keep the first window only")
+                         f"mean (got {pooling!r}): cls, last and padded_mean are values of one window, and a window "
+                         f"restarts a decoder's context, so the last window's last token has not seen the text "
+                         f"before it; set embed.overflow: truncate to keep the first window only")
     return _Settings(pooling, device, dtype, granularity, overflow)
 
 
@@ -312,6 +327,12 @@ def _load(ref: ModelRef, cfg: Mapping[str, Any], settings: _Settings, expected_w
     """Load the tokenizer and the model onto the device, and check what needs them: the tokenizer
     kind, the layers, and the weights against ``expected_weights``."""
     tokenizer = ref.load_tokenizer()
+    # transformers' decoders compute position ids from the cache position, not the attention mask:
+    # a left-padded row (Gemma's tokenizer pads left) gets shifted positions, which changes the
+    # states of learned absolute positions (GPT-2; rotary ones, Llama and Gemma-3, by rounding
+    # only), and column 0 (cls) is padding. Right padding with causal attention never touches a
+    # real token; encoders pad right already, so their results are unchanged.
+    tokenizer.padding_side = "right"
     # windows and character offsets both come from a Rust ("fast") tokenizer's encodings
     if settings.windows and not tokenizer.is_fast:
         raise EmbedError(f"model {ref.name!r}: embed.overflow: windows needs a fast tokenizer (tokenizer.json); "

@@ -6,6 +6,8 @@ Of the hidden states h_1..h_n of the n real tokens of a text (special tokens inc
 * ``padded_mean`` (1/L) Σ_t h_t with L = ``max_length``, the padded length; the paper's
   code averaged over a batch padded to a fixed length this way
 * ``cls``         h_1
+* ``last``        h_n, the state of the last real token: a decoder LLM's sentence vector, as
+  under causal attention it is the one token that has seen the whole text
 
 With ``granularity: word`` a row is a word w instead: (1/|T_w|) Σ_{t ∈ T_w} h_t over the set T_w
 of the word's subword tokens (:func:`lmdecomp.data.words.token_word_pairs`).
@@ -14,9 +16,10 @@ A text longer than ``max_length`` reaches the model as several pieces (windows, 
 :mod:`lmdecomp.models.embed`). :func:`pool_parts` gives each piece a (numerator, denominator)
 pair and :class:`SequencePooler` divides their sums over the text's pieces, which for ``mean``
 is the mean over the tokens of all its windows; the other poolings take one piece only
-(``overflow: truncate``). A new pooling (``last`` for a decoder LLM, say) is a name in
-:data:`POOLINGS`, a branch of :func:`pool_parts`, and an entry of the ``embed.pooling`` enum in
-``workflow/schemas/params.schema.yaml``.
+(``overflow: truncate``): ``cls`` and ``last`` are per-piece values, and for ``last`` a window
+restarts a decoder's context, so its last token has not seen the text before it. A new pooling
+is a name in :data:`POOLINGS`, a branch of :func:`pool_parts`, and an entry of the
+``embed.pooling`` enum in ``workflow/schemas/params.schema.yaml``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 
 from lmdecomp.data import words
 
-POOLINGS = ("mean", "padded_mean", "cls")
+POOLINGS = ("mean", "padded_mean", "cls", "last")
 
 
 def pool_parts(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,6 +38,11 @@ def pool_parts(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, max_lengt
     ones = torch.ones(hidden.shape[0], dtype=hidden.dtype, device=hidden.device)
     if pooling == "cls":
         return hidden[:, 0], ones
+    if pooling == "last":
+        # the last position where mask is 1, whichever side the padding is on
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        last = torch.where(mask.bool(), positions, -1).amax(dim=1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last], ones
     m = mask.unsqueeze(-1).to(hidden.dtype)
     summed = (hidden * m).sum(dim=1)
     if pooling == "mean":

