@@ -7,7 +7,8 @@ same fits, tables and intervals as the pipeline's ``lmd_fit`` stage.
 
 Rows are aligned across models (row i of every array describes the same text); widths may
 differ. The pipeline does the same from streamed moments of its Parquet shards, so on the same
-rows the two agree to rounding (tests/lmd/test_api.py checks 1e-10 on the smoke run's shards).
+rows the two agree to rounding (tests/workflow/test_workflow.py checks 1e-10 on the smoke run's
+shards; tests/test_api.py checks the fits against explicit numpy ones).
 """
 
 from __future__ import annotations

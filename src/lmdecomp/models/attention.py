@@ -80,17 +80,9 @@ def blocked_attention_forward(
     batch, heads, q_len, dim = query.shape
     k_len = key.shape[2]
     scale = dim**-0.5 if scaling is None else scaling
-    bias = None
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            # finite, so that a fully masked row gives uniform weights instead of NaN (as eager does)
-            bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
-            bias.masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
-        else:
-            bias = attention_mask.to(query.dtype)
     step = max(1, (block_scores or BLOCK_SCORES) // (heads * q_len * k_len))
     out = torch.empty(batch, q_len, heads, dim, dtype=query.dtype, device=query.device)
-    probs = None
+    probs = bias = None
     scaled_query = query * scale
     for start in range(0, batch, step):
         stop = min(start + step, batch)
@@ -99,16 +91,25 @@ def blocked_attention_forward(
             # the scores' dtype, not the query's: under autocast a rotary model's query is float32
             # while matmul gives bfloat16 (an encoder's query is bfloat16 already: no change there)
             probs = torch.empty(min(step, batch), heads, q_len, k_len, dtype=scores.dtype, device=query.device)
-            if bias is not None and bias.dtype != scores.dtype:
-                bias = attention_mask.to(scores.dtype) if attention_mask.dtype != torch.bool else \
-                    torch.zeros(attention_mask.shape, dtype=scores.dtype, device=query.device).masked_fill_(
-                        ~attention_mask, torch.finfo(scores.dtype).min)
+            bias = _additive_bias(attention_mask, scores.dtype)
         if bias is not None:
             scores.add_(bias[start:stop] if bias.shape[0] > 1 else bias)
         p = probs[: stop - start]
         torch.softmax(scores, -1, out=p)
         out[start:stop] = torch.matmul(p, value[start:stop]).transpose(1, 2)
     return out, None
+
+
+def _additive_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """The mask as a bias added to the scores: a float mask as it is, a boolean one (True = attend)
+    as 0 / the dtype's minimum, finite so that a fully masked row gives uniform weights instead
+    of NaN (as eager attention does)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dtype != torch.bool:
+        return attention_mask.to(dtype)
+    bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+    return bias.masked_fill_(~attention_mask, torch.finfo(dtype).min)
 
 
 def register() -> None:

@@ -18,9 +18,10 @@ The base model is kept (``AutoModel``: hidden states, no LM head), as the embed 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
+
+from lmdecomp.atomic import sha256_file
 
 SUFFIX = ".gguf"
 PART_MARK = ".gguf.part"
@@ -28,14 +29,6 @@ PART_MARK = ".gguf.part"
 
 class GGUFError(ValueError):
     """A GGUF file is missing or not a model transformers can read."""
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def quantisation(path: Path) -> str:

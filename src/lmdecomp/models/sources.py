@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from lmdecomp.atomic import sha256_file
 from lmdecomp.models import gguf_model
 
 SOURCE_KEYS = ("package", "path", "hub", "parts", "pretrain")
@@ -273,7 +274,7 @@ def build_gguf(name: str, spec: Mapping[str, Any], out_dir: Path) -> dict[str, A
             digest = _concatenate(name, parts, path, spec.get("sha256"), "GGUF file")
         else:
             path = gguf_file(name, spec)
-            digest = gguf_model.sha256_file(path)
+            digest = sha256_file(path)
             if spec.get("sha256") and digest != spec["sha256"]:
                 raise ModelSourceError(f"model {name!r}: {path} has sha256 {digest}, expected {spec['sha256']}; "
                                        "reinstall the package or fix sha256:")
@@ -341,8 +342,9 @@ def prepare_model(spec: Mapping[str, Any], out_dir: str | Path, train_texts=None
     checkpoints = out_dir.parent / f".{name}.checkpoints"
     with atomic_dir(out_dir) as tmp:
         extra: dict[str, Any] = {}
-        built = is_gguf(spec) or "parts" in spec or "pretrain" in spec
-        if is_gguf(spec):
+        gguf = is_gguf(spec)
+        built = gguf or "parts" in spec or "pretrain" in spec
+        if gguf:
             extra["gguf"] = build_gguf(name, spec, tmp)
             if "package" in spec:  # recorded as for package folders: a new release re-embeds
                 source["version"] = package_version(spec["package"].partition("/")[0])
