@@ -215,3 +215,42 @@ def test_bootstrap_memory_stays_within_its_documented_budget(monkeypatch):
     assert peak <= gathered + 3 * 20 * w * w * 8
     for s in lmd.SPLITS:
         np.testing.assert_array_equal(chunked[s], whole[s])
+
+
+def test_a_selection_paths_replicates_equal_each_steps_own_bootstrap_and_explicit_refits():
+    """path_r2_samples shares one Cholesky factor per replicate and α across the nested bases of a
+    path: every step's replicates equal bootstrap_r2_samples of that step alone (1e-12) and, for
+    the first replicates, an explicit ridge fit on the resampled rows (1e-9)."""
+    rng = np.random.default_rng(23)
+    n, names, widths = 600, ["m0", "m1", "m2", "u"], (3, 4, 2, 2)
+    latent = rng.normal(size=(n, 3))
+    xs = [latent @ rng.normal(size=(3, w)) + rng.normal(size=(n, w)) for w in widths]
+    split = rng.choice(SPLIT_NAMES, size=n, p=[0.6, 0.2, 0.2])
+    edges = np.linspace(0, n, 13).astype(int)
+    blocks = lmd.BlockMoments.from_moments(
+        [moments_of([x[lo:hi] for x in xs], names, split[lo:hi]) for lo, hi in zip(edges[:-1], edges[1:])])
+    path, alphas = ["m2", "m0", "m1"], [0.5, 0.01, 0.5]  # steps 1 and 3 share a factor
+    got = lmd_bootstrap.path_r2_samples(blocks, path, "u", alphas, n_boot=9, seed=4, splits=lmd.SPLITS)
+    weights = lmd.bootstrap_weights(len(blocks), 9, seed=4)
+    for k, alpha in enumerate(alphas, 1):
+        alone = lmd.bootstrap_r2_samples(blocks, path[:k], "u", alpha, n_boot=9, seed=4, split=list(lmd.SPLITS))
+        for s in lmd.SPLITS:
+            np.testing.assert_allclose(got[k - 1][s], alone[s], rtol=0, atol=1e-12)
+        z = np.hstack([xs[names.index(m)] for m in path[:k]])
+        for r, w in enumerate(weights[:3]):
+            rows = np.concatenate([np.arange(lo, hi) for lo, hi, c in zip(edges[:-1], edges[1:], w) for _ in range(c)])
+            train = rows[split[rows] == "train"]
+            wt, bias = ridge_reference(z[train], xs[3][train], alpha, [widths[names.index(m)] for m in path[:k]])
+            held = rows[split[rows] == "test"]
+            assert got[k - 1]["test"][r] == pytest.approx(r2_direct(z[held], xs[3][held], wt, bias), abs=1e-9)
+
+
+def test_a_replicate_that_is_not_positive_definite_is_refitted_by_lu():
+    """train_factor refuses an indefinite scatter (None), and the refit then solves by LU."""
+    s_zz = np.array([[[1.0, 2.0], [2.0, 1.0]]])  # invertible, not positive definite
+    s_zu = np.array([[[1.0], [3.0]]])
+    assert lmd_bootstrap.nested.train_factor(s_zz, [2], 0.0) is None
+    mean = np.array([[0.5, -1.0, 2.0]])
+    weight, bias = lmd_bootstrap._refit_train((None, mean, s_zz, s_zu, None), 2, [2], 0.0, ["a"], "u")
+    np.testing.assert_allclose(weight[0], np.linalg.solve(s_zz[0], s_zu[0]), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(bias[0], 2.0 - mean[0, :2] @ weight[0], rtol=0, atol=1e-15)

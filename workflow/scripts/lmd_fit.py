@@ -31,16 +31,15 @@ if blocks is not None and len(blocks) == 0:
 with lmd.blas_threads(cfg["threads"]):
     pairwise = lmd.fit_pairwise(moments, cfg["alpha"])
     loo = lmd.fit_leave_one_out(moments, cfg["alpha"])
+    selection = [row for target in moments.names for row in lmd.greedy_selection(moments, target, cfg["alpha"])]
     if cfg["bootstrap"] > 0:
-        # one cache for the three tables: a selection's first and last steps are fits drawn
-        # for the pairwise and leave-one-out tables
+        # one cache for the three tables: a selection's first and last steps are the pairwise
+        # and leave-one-out fits, and a path's steps share their factorisations
         ci = dict(n_boot=cfg["bootstrap"], level=cfg["ci_level"], seed=cfg["seed"],
                   cache=lmd.BootstrapCache(blocks, cfg["bootstrap"], cfg["seed"]))
         pairwise = lmd.add_confidence_intervals(pairwise, blocks, **ci)
-        loo = lmd.add_confidence_intervals(loo, blocks, **ci)
-    selection = [row for target in moments.names for row in lmd.greedy_selection(moments, target, cfg["alpha"])]
-    if cfg["bootstrap"] > 0:
         selection = lmd.add_selection_intervals(selection, blocks, **ci)
+        loo = lmd.add_confidence_intervals(loo, blocks, **ci)
 for rows, path in ((pairwise, args.pairwise), (loo, args.loo), (selection, args.selection)):
     with atomic_path(path) as tmp:
         pq.write_table(pa.Table.from_pylist(rows), tmp)

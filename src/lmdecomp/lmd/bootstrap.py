@@ -19,11 +19,15 @@ from lmdecomp.lmd.fits import (
     ridge_penalty,
 )
 from lmdecomp.lmd.moments import SPLITS, Moments, _check_split, _sub
+from lmdecomp.lmd import nested
 
 # Bootstrap replicates are processed in chunks whose (chunk, w, w) float64 scatter is at most this
 # many bytes; two such arrays are alive at once (see bootstrap_r2_samples). The chunk size does not
 # change any replicate's numbers.
 _BOOTSTRAP_ARRAY_BYTES = 128e6
+# A selection path's chunk holds four such arrays (the train scatter, its factor and two held-out
+# scatters) against bootstrap_r2_samples' two, so its arrays get half the bytes.
+_PATH_ARRAY_BYTES = _BOOTSTRAP_ARRAY_BYTES / 2
 
 
 def bootstrap_weights(n_blocks: int, n_boot: int, seed: int = 0) -> np.ndarray:
@@ -157,20 +161,31 @@ def _chunk_r2(stats: dict[str, tuple[np.ndarray, ...]], wts: np.ndarray, splits:
 def _refit_train(train: tuple[np.ndarray, ...], p: int, basis_dims: Sequence[int], alpha: float,
                  basis: Sequence[str], target: str) -> tuple[np.ndarray, np.ndarray]:
     """(R, p, q) ridge weights and (R, q) intercepts of each replicate's train moments ``train``
-    (:func:`_replicate_moments`), with the λ of :func:`ridge_penalty` on each replicate's own S_zz."""
+    (:func:`_replicate_moments`), with the λ of :func:`ridge_penalty` on each replicate's own S_zz:
+    by Cholesky (:func:`lmdecomp.lmd.nested.train_factor`; half an LU's flops), by LU where a
+    replicate's matrix is not numerically positive definite (α = 0 on a nearly singular resample)."""
     _, mu_t, s_zz, s_zu, _ = train
-    zi, ui = np.arange(p), np.arange(p, mu_t.shape[1])
+    factor = nested.train_factor(s_zz, basis_dims, alpha)
+    if factor is not None:
+        weight_t = nested.prefix_solve(factor, s_zu, p)
+        del factor  # before the intercepts' and the scores' products
+    else:
+        weight_t = _lu_refit(s_zz, s_zu, basis_dims, alpha, basis, target)
+    bias = mu_t[:, p:] - (mu_t[:, None, :p] @ weight_t)[:, 0]
+    return weight_t, bias
+
+
+def _lu_refit(s_zz: np.ndarray, s_zu: np.ndarray, basis_dims: Sequence[int], alpha: float,
+              basis: Sequence[str], target: str) -> np.ndarray:
+    """(R, p, q) solutions of (S_zz + diag λ) W = S_zu by LU with pivoting."""
     regularised = s_zz.copy()
-    diagonal = np.arange(p)
+    diagonal = np.arange(s_zz.shape[-1])
     regularised[:, diagonal, diagonal] += ridge_penalty(np.diagonal(s_zz, axis1=1, axis2=2), basis_dims, alpha)
     try:
-        weight_t = np.linalg.solve(regularised, s_zu)  # (R, p, q)
+        return np.linalg.solve(regularised, s_zu)
     except np.linalg.LinAlgError as exc:
         raise LMDError(f"bootstrap fit of {target!r} on {list(basis)}: a resampled basis covariance "
                        "is singular; set α > 0") from exc
-    del regularised  # before the intercepts' and the scores' products
-    bias = mu_t[:, ui] - (mu_t[:, None, zi] @ weight_t)[:, 0]
-    return weight_t, bias
 
 
 def _score_split(moments_s: tuple[np.ndarray, ...], weight_t: np.ndarray, bias: np.ndarray, distinct_t: np.ndarray,
@@ -199,6 +214,58 @@ def _check_replicates_finite(out: dict[str, np.ndarray], basis: Sequence[str], t
         if bad:
             raise LMDError(f"bootstrap of {target!r} on {list(basis)}: {bad} of {n_boot} replicates have an "
                            f"empty {s} or train split, or too few train rows; use fewer, larger blocks")
+
+
+def path_r2_samples(blocks: BlockMoments, path: Sequence[str], target: str, alphas: Sequence[float], n_boot: int,
+                    seed: int, splits: Sequence[str]) -> list[dict[str, np.ndarray]]:
+    """[{split: (n_boot,) replicates}] of the fit of ``target`` on ``path[:k]`` at ``alphas[k-1]``
+    for k = 1 … len(alphas): step k's replicates are those of
+    ``bootstrap_r2_samples(blocks, path[:k], target, alphas[k-1], n_boot, seed, splits)``, drawn
+    with one factorisation per replicate and distinct α (module doc)."""
+    if len(alphas) > len(path):
+        raise LMDError(f"a path of {len(path)} models has no step {len(alphas)}")
+    out: list[dict[str, np.ndarray]] = [{} for _ in alphas]
+    for alpha in dict.fromkeys(float(a) for a in alphas):
+        steps = [k for k, a in enumerate(alphas, 1) if float(a) == alpha]
+        drawn = _nested_samples(blocks, list(path[:max(steps)]), target, alpha, steps, n_boot, seed, splits)
+        for k in steps:
+            out[k - 1] = drawn[k]
+    return out
+
+
+def _nested_samples(blocks: BlockMoments, basis: list[str], target: str, alpha: float, steps: Sequence[int],
+                    n_boot: int, seed: int, splits: Sequence[str]) -> dict[int, dict[str, np.ndarray]]:
+    """{k: {split: replicates}} of the fits on ``basis[:k]`` for k in ``steps``, all at ``alpha``."""
+    _check_basis(basis, [target])
+    cols = np.concatenate([blocks.columns(basis), blocks.columns([target])])
+    dims = [blocks.dims[blocks.names.index(b)] for b in basis]
+    p, w, widths = int(sum(dims)), len(cols), np.cumsum(dims)
+    for k in steps:
+        _check_full_data_basis_variance(blocks, basis[:k], dims[:k], cols[:widths[k - 1]])
+    weights = bootstrap_weights(len(blocks), n_boot, seed).astype(np.float64)
+    stats = {s: _gathered_split(blocks, s, cols, p) for s in dict.fromkeys(["train", *splits])}
+    out = {k: {s: np.empty(n_boot) for s in splits} for k in steps}
+    chunk = max(1, int(_PATH_ARRAY_BYTES // (8 * w * w)))
+    for lo in range(0, n_boot, chunk):
+        wts = weights[lo:lo + chunk]
+        train = _replicate_moments(stats["train"], wts, p, w)
+        held = {s: train if s == "train" else _replicate_moments(stats[s], wts, p, w) for s in splits}
+        distinct_t = (wts > 0) @ stats["train"][0]
+        factor = nested.train_factor(train[2], dims, alpha)
+        for k in steps:
+            width = int(widths[k - 1])
+            train_k = nested.prefix_moments(train, width, p)
+            if factor is None:  # not positive definite: refit this step alone, as bootstrap_r2_samples does
+                weight_t, bias = _refit_train(train_k, width, dims[:k], alpha, basis[:k], target)
+            else:
+                weight_t = nested.prefix_solve(factor, train_k[3], width)
+                bias = train_k[1][:, width:] - (train_k[1][:, None, :width] @ weight_t)[:, 0]
+            for s in splits:
+                out[k][s][lo:lo + chunk] = _score_split(nested.prefix_moments(held[s], width, p), weight_t, bias,
+                                                           distinct_t, width, alpha)
+    for k in steps:
+        _check_replicates_finite(out[k], basis[:k], target, n_boot)
+    return out
 
 
 def centred_interval(samples: np.ndarray, estimate: float, level: float) -> tuple[float, float]:
@@ -267,6 +334,19 @@ class BootstrapCache:
                                              split=missing))
         return {s: have[s] for s in splits}
 
+    def draw_path(self, path: Sequence[str], target: str, alphas: Sequence[float], splits: Sequence[str]) -> None:
+        """Draw the replicates of every step of a selection path (basis ``path[:k]`` at ``alphas[k-1]``)
+        that the cache lacks, sharing each replicate's factorisation across steps
+        (:func:`path_r2_samples`)."""
+        keys = [(frozenset(path[:k]), target, float(a)) for k, a in enumerate(alphas, 1)]
+        missing = [k for k, key in enumerate(keys, 1) if not set(splits) <= set(self._samples.get(key, {}))]
+        if not missing:
+            return
+        last = max(missing)  # steps up to it share the factors; steps already drawn are kept as they are
+        drawn = path_r2_samples(self.blocks, path, target, list(alphas[:last]), self.n_boot, self.seed, splits)
+        for k in missing:
+            self._samples.setdefault(keys[k - 1], {}).update(drawn[k - 1])
+
     def __len__(self) -> int:
         """The number of fits drawn."""
         return len(self._samples)
@@ -326,6 +406,12 @@ def add_selection_intervals(
     ``cache``, shared with the same fit drawn for another table). The path itself is taken as
     fixed: the intervals do not cover the selection's own variability."""
     cache = _cache_for(cache, blocks, n_boot, seed)
+    for target in dict.fromkeys(r["target"] for r in selection):
+        steps = sorted((r for r in selection if r["target"] == target), key=lambda r: r["k"])
+        if [r["k"] for r in steps] != list(range(1, len(steps) + 1)):
+            continue  # not a whole path from step 1: each row's fit is drawn alone below
+        # every split, so that the last step also serves the leave-one-out table's rows
+        cache.draw_path([r["added_model"] for r in steps], target, [r["alpha"] for r in steps], SPLITS)
     out = []
     for row in selection:
         basis = [r["added_model"] for r in selection if r["target"] == row["target"] and r["k"] <= row["k"]]
