@@ -12,6 +12,8 @@ rule embed:
     threads: max(1, config["embed"].get("threads", 1))
     log:
         "results/logs/embed/{model}.log",
+    benchmark:
+        "results/logs/benchmark/embed/{model}.tsv",
     shell:
         "python workflow/scripts/embed.py --params {PARAMS} --model {wildcards.model}"
         " --sequences {input.sequences} --record {input.model}/model.json --out {output} 2> {log}"

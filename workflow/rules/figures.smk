@@ -15,6 +15,8 @@ rule lmd_figures:
         "results/tables/lmd_loo.csv",
     log:
         "results/logs/lmd_figures.log",
+    benchmark:
+        "results/logs/benchmark/lmd_figures.tsv",
     shell:
         "python workflow/scripts/figures.py --pairwise {input.pairwise} --loo {input.loo}"
         " --selection {input.selection} --similarity {input.similarity} --layers {input.layers} --out results/figures"

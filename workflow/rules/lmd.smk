@@ -13,6 +13,8 @@ if SHARD_PARTS is None:
         threads: config["lmd"]["threads"]
         log:
             "results/logs/moments.log",
+        benchmark:
+            "results/logs/benchmark/moments.tsv",
         shell:
             "python workflow/scripts/moments.py --params {PARAMS} --embeddings results/embeddings"
             " --sequences {input.sequences} --out {output.moments} --blocks {output.blocks} 2> {log}"
@@ -35,6 +37,8 @@ else:
         threads: config["lmd"]["threads"]
         log:
             "results/logs/moments/part-{part}.log",
+        benchmark:
+            "results/logs/benchmark/moments/part-{part}.tsv",
         shell:
             "python workflow/scripts/moments.py --params {PARAMS} --embeddings results/embeddings"
             " --sequences {input.sequences} --part {wildcards.part} --out {output} 2> {log}"
@@ -52,6 +56,8 @@ else:
         threads: 1
         log:
             "results/logs/moments.log",
+        benchmark:
+            "results/logs/benchmark/moments.tsv",
         shell:
             "python workflow/scripts/moments.py --params {PARAMS} --embeddings results/embeddings"
             " --sequences {input.sequences} --reduce {input.parts} --out {output.moments}"
@@ -73,6 +79,8 @@ rule lmd_fit:
     threads: config["lmd"]["threads"]
     log:
         "results/logs/lmd_fit.log",
+    benchmark:
+        "results/logs/benchmark/lmd_fit.tsv",
     shell:
         "python workflow/scripts/lmd_fit.py --params {PARAMS} --moments {input.moments} --blocks {input.blocks}"
         " --pairwise {output.pairwise} --loo {output.loo} --selection {output.selection}"
@@ -91,6 +99,8 @@ rule similarity:
     threads: config["lmd"]["threads"]
     log:
         "results/logs/similarity.log",
+    benchmark:
+        "results/logs/benchmark/similarity.tsv",
     shell:
         "python workflow/scripts/similarity.py --params {PARAMS} --embeddings results/embeddings"
         " --moments {input.moments} --out {output} 2> {log}"
@@ -108,6 +118,8 @@ rule lmd_layers:
     threads: config["lmd"]["threads"]
     log:
         "results/logs/lmd_layers.log",
+    benchmark:
+        "results/logs/benchmark/lmd_layers.tsv",
     shell:
         "python workflow/scripts/lmd_layers.py --params {PARAMS} --embeddings results/embeddings"
         " --sequences {input.sequences} --out {output} 2> {log}"

@@ -12,6 +12,8 @@ rule model:
     threads: lambda wc: config["zoo"]["threads"] if "pretrain" in config["models"][wc.model] else 1
     log:
         "results/logs/model/{model}.log",
+    benchmark:
+        "results/logs/benchmark/model/{model}.tsv",
     shell:
         "python workflow/scripts/model.py --params {PARAMS} --model {wildcards.model}"
         " --sequences {input.sequences} --out {output.model} --metrics {output.metrics} 2> {log}"

@@ -12,6 +12,8 @@ rule mpo:
     threads: max(1, config["embed"].get("threads", 1))
     log:
         "results/logs/mpo/{model}.log",
+    benchmark:
+        "results/logs/benchmark/mpo/{model}.tsv",
     shell:
         "python workflow/scripts/mpo.py --params {PARAMS} --model {wildcards.model}"
         " --sequences {input.sequences} --out {output} 2> {log}"
@@ -27,5 +29,7 @@ rule mpo_figure:
         values=stage_params("mpo_figure"),
     log:
         "results/logs/mpo_figure.log",
+    benchmark:
+        "results/logs/benchmark/mpo_figure.tsv",
     shell:
         "python workflow/scripts/mpo_figure.py --params {PARAMS} --mpo results/mpo --out {output} 2> {log}"

@@ -15,6 +15,8 @@ rule variant:
     threads: config["mpobert"]["threads"]
     log:
         "results/logs/variant/{variant}.log",
+    benchmark:
+        "results/logs/benchmark/variant/{variant}.tsv",
     shell:
         "python workflow/scripts/variant.py --params {PARAMS} --variant {wildcards.variant}"
         " --sequences {input.sequences} --out {output} 2> {log}"
@@ -32,6 +34,8 @@ rule task:
         task="|".join(TASKS),
     log:
         "results/logs/task/{task}.log",
+    benchmark:
+        "results/logs/benchmark/task/{task}.tsv",
     shell:
         "python workflow/scripts/task.py --params {PARAMS} --task {wildcards.task}"
         " --out {output.table} --record {output.record} 2> {log}"
@@ -53,6 +57,8 @@ rule finetune:
     threads: config["finetune"]["threads"]
     log:
         "results/logs/finetune/{task}/{variant}.log",
+    benchmark:
+        "results/logs/benchmark/finetune/{task}/{variant}.tsv",
     shell:
         "python workflow/scripts/finetune.py --params {PARAMS} --variant {wildcards.variant}"
         " --task {input.task} --model {input.model} --out {output} 2> {log}"
@@ -70,6 +76,8 @@ rule finetune_summary:
         values=stage_params("finetune_summary"),
     log:
         "results/logs/finetune_summary.log",
+    benchmark:
+        "results/logs/benchmark/finetune_summary.tsv",
     shell:
         "python workflow/scripts/finetune_summary.py --params {PARAMS} --finetune results/finetune --table {output.table}"
         " --headline {output.headline}"
