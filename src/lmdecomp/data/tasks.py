@@ -290,8 +290,8 @@ def _dataset_examples(name: str, spec: Mapping[str, Any], kind: str, fractions: 
             or len(meta.splits) == 1}
     plan = _plan_splits([s for s in meta.splits if s in read], {s for s, r in read.items() if r[2]}, fractions)
     examples = []
-    for ours, theirs in plan.source.items():
-        rows, skipped, _ = read[theirs]
+    for ours in (s for s in SPLITS if s in plan.source):  # train, val, test, whatever the dataset's order
+        rows, skipped, _ = read[plan.source[ours]]
         stats["garbled"] += skipped
         for example in rows:
             example.split = ours
