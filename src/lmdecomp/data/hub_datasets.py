@@ -121,8 +121,7 @@ def _hub_snapshot(spec: Mapping[str, Any], owner: str, download: bool) -> Path |
     """The hub cache's snapshot folder of ``dataset@revision``, holding the README and the data
     files of ``config`` (fetched when ``download`` and the hub is reachable); None when
     ``download`` is False and the README is not cached."""
-    from huggingface_hub import hf_hub_download, snapshot_download, try_to_load_from_cache
-    from huggingface_hub import errors
+    from huggingface_hub import errors, hf_hub_download, snapshot_download, try_to_load_from_cache
 
     repo, revision, config = str(spec["dataset"]), str(spec["revision"]), spec.get("config")
     key = (repo, revision, config)
@@ -133,9 +132,14 @@ def _hub_snapshot(spec: Mapping[str, Any], owner: str, download: bool) -> Path |
         return Path(cached).parent if isinstance(cached, str) else None
     where = f"{owner}: dataset {repo!r} at revision {revision}"
     try:
-        readme = Path(hf_hub_download(repo, "README.md", repo_type="dataset", revision=revision,
-                                      local_files_only=_offline()))
-        patterns = _config_patterns(readme, config)
+        try:
+            readme = hf_hub_download(repo, "README.md", repo_type="dataset", revision=revision,
+                                     local_files_only=_offline())
+            patterns = _config_patterns(Path(readme), config)
+        except errors.LocalEntryNotFoundError:
+            raise
+        except errors.EntryNotFoundError:  # a repository without a README: every file may be data
+            patterns = None
         folder = Path(snapshot_download(repo, repo_type="dataset", revision=revision, local_files_only=_offline(),
                                         allow_patterns=None if patterns is None else ["README.md", *patterns]))
     except errors.LocalEntryNotFoundError as err:  # offline (or unreachable) and not cached
