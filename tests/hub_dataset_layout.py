@@ -6,7 +6,8 @@ labels hidden as -1, as GLUE's) and ``pairs`` (two sentences, an integer label a
 its features left to the Parquet schema). ``write_topics`` writes a folder of one JSON Lines
 file and no README (one split, string labels). ``lay_out_hub_cache`` files a folder into a hub
 cache as huggingface_hub does: content-addressed blobs, a snapshot of symlinks named by the
-commit, and ``refs/main``.
+commit, and ``refs/main``. The fixtures ``reviews`` and ``topics`` write them once per test
+module, with the Hugging Face caches redirected into a temporary folder, offline (``hf_caches``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 HUB_ID = "lmdecomp-test/reviews"
 REVISION = "89abcdef" * 5
@@ -131,3 +133,27 @@ def lay_out_hub_cache(folder: Path, cache: Path, repo_id: str = HUB_ID, revision
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(revision)
     return cache
+
+
+@pytest.fixture(scope="module")
+def hf_caches(tmp_path_factory):
+    """datasets' Arrow cache and the hub cache under a temporary folder, with the hub offline."""
+    import datasets
+    from huggingface_hub import constants
+
+    root = tmp_path_factory.mktemp("hf")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(datasets.config, "HF_DATASETS_CACHE", root / "datasets")
+        patch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+        patch.setattr(constants, "HF_HUB_CACHE", str(root / "hub"))
+        yield root
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory, hf_caches):
+    return write_reviews(tmp_path_factory.mktemp("reviews") / "reviews")
+
+
+@pytest.fixture(scope="module")
+def topics(tmp_path_factory, hf_caches):
+    return write_topics(tmp_path_factory.mktemp("topics") / "topics")

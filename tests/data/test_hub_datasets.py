@@ -13,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from hub_dataset_layout import HUB_ID, REVISION, lay_out_hub_cache, sentiment_rows
+from hub_dataset_layout import hf_caches, reviews  # noqa: F401  (fixtures)
 from lmdecomp.data import corpus, hub_datasets
 
 

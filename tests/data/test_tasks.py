@@ -9,6 +9,7 @@ import hashlib
 import pytest
 
 from hub_dataset_layout import TOPICS, pairs_rows, sentiment_rows, topics_rows
+from hub_dataset_layout import hf_caches, reviews, topics  # noqa: F401  (fixtures)
 from lmdecomp.data import tasks
 
 FRACTIONS = {"train": 0.8, "val": 0.1, "test": 0.1}
