@@ -34,6 +34,36 @@ _params = load_params(config_files())
 config.clear()
 config.update(_params)
 
+
+def check_dataset_sources(params):
+    """Every `dataset:` corpus source and task, checked before any job runs: the revision always;
+    the config, splits, columns and label type wherever the dataset is at hand without the network
+    (a local folder, or a hub revision already in the cache). The jobs check the rest before they write."""
+    sources = [s for s in params["corpus"]["sources"] if "dataset" in s]
+    tasks = [t for t in params["finetune"]["tasks"] if "dataset" in t]
+    if not sources and not tasks:
+        return
+    from lmdecomp.data.corpus import check_dataset_source
+    from lmdecomp.data.tasks import check_dataset_task
+
+    problems = []
+
+    def attempt(check, *args):
+        try:
+            check(*args, download=False)
+        except ValueError as err:
+            problems.append(f"  {err}")
+
+    for spec in sources:
+        attempt(check_dataset_source, spec)
+    for spec in tasks:
+        attempt(check_dataset_task, spec["name"], spec)
+    if problems:
+        raise WorkflowError("dataset sources:\n" + "\n".join(problems))
+
+
+check_dataset_sources(_params)
+
 PARAMS = " ".join(shlex.quote(f) for f in config_files())  # a config path may hold spaces
 MODELS = list(config["models"])
 TASK_SPECS = {t["name"]: t for t in config["finetune"]["tasks"]}

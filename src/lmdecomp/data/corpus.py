@@ -3,8 +3,10 @@
 Pipeline of one call to :func:`build_sequences`:
 
 1. read documents from every source (``.txt`` = one document per file, ``.jsonl`` = one
-   per line with a text field, ``.parquet`` = one per row of a text column); bytes that are
-   not UTF-8 are replaced and counted, not fatal;
+   per line with a text field, ``.parquet`` = one per row of a text column, ``dataset:`` =
+   one per row of a text column of one split of a Hugging Face dataset,
+   :mod:`lmdecomp.data.hub_datasets`); bytes that are not UTF-8 are replaced and counted,
+   not fatal;
 2. clean (normalise line ends and runs of spaces, strip) and drop exact duplicates;
 3. cut every document into consecutive chunks of ``seq_len`` tokens of the reference
    tokenizer, keeping the original-case character span of each chunk (the paper decoded
@@ -33,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lmdecomp.atomic import atomic_path
+from lmdecomp.data import hub_datasets
 from lmdecomp.params import repeated_names
 
 SPLITS = ("train", "val", "test")
@@ -113,9 +116,37 @@ def _decode(raw: bytes, stats: ReadStats) -> str:
         return raw.decode("utf-8", errors="replace")
 
 
+def check_dataset_source(spec: Mapping[str, Any], download: bool = True) -> hub_datasets.DatasetMeta | None:
+    """A ``dataset:`` source's config, split and text column exist (None: not reachable without
+    downloading, see :func:`lmdecomp.data.hub_datasets.inspect`)."""
+    try:
+        return hub_datasets.inspect(spec, f"corpus source {spec.get('name')!r}", download=download,
+                                    splits=[spec.get("split", "train")], text_columns=[spec.get("text_field", "text")])
+    except hub_datasets.DatasetSourceError as err:
+        raise CorpusError(str(err)) from None
+
+
+def _dataset_documents(spec: Mapping[str, Any], stats: ReadStats) -> Iterator[Document]:
+    """One document per row of the split's text column. A row is keyed ``{split}.jsonl:{n}``
+    (n counted from 1), as the same row is in the split's JSON Lines export
+    (``Dataset.to_json("{split}.jsonl")``, read as a source): both give the same splits and sample."""
+    meta = check_dataset_source(spec)
+    split, field = spec.get("split", "train"), spec.get("text_field", "text")
+    stats.files += 1
+    row = 0
+    for batch in hub_datasets.iter_columns(meta, split, [field]):
+        for text in batch[field]:
+            row += 1
+            if text is not None:  # a null text is skipped, as in a JSON Lines or Parquet source
+                yield Document(spec["name"], f"{split}.jsonl:{row}", text)
+
+
 def read_documents(spec: Mapping[str, Any], stats: ReadStats) -> Iterator[Document]:
     """Yield the documents of one source, in a deterministic order."""
     name = spec["name"]
+    if "dataset" in spec:
+        yield from _dataset_documents(spec, stats)
+        return
     root = source_root(spec)
     field = spec.get("text_field", "text")
     for path in _source_files(spec):
@@ -245,6 +276,9 @@ def build_sequences(cfg: Mapping[str, Any], tokenizer, progress: bool = False,
     backend = _plain_backend(tokenizer)
 
     check_source_names(cfg["sources"])
+    for spec in cfg["sources"]:  # every dataset source is checked (and fetched) before any text is read
+        if "dataset" in spec:
+            check_dataset_source(spec)
     stats = ReadStats()
     documents = tqdm(_unique_documents(cfg["sources"], stats), desc="corpus", unit="doc", disable=not progress)
     chunks = _index_chunks(documents, backend, seq_len, min_tokens, seed, fractions, batch_documents)
