@@ -245,12 +245,10 @@ def test_a_selection_paths_replicates_equal_each_steps_own_bootstrap_and_explici
             assert got[k - 1]["test"][r] == pytest.approx(r2_direct(z[held], xs[3][held], wt, bias), abs=1e-9)
 
 
-def test_a_replicate_that_is_not_positive_definite_is_refitted_by_lu():
-    """train_factor refuses an indefinite scatter (None), and the refit then solves by LU."""
-    s_zz = np.array([[[1.0, 2.0], [2.0, 1.0]]])  # invertible, not positive definite
-    s_zu = np.array([[[1.0], [3.0]]])
+def test_train_factor_refuses_a_scatter_that_is_not_positive_definite():
+    """The shared factor is L Lᵀ = S_zz + diag λ; None (the path then refits that step by LU) where
+    the matrix is not positive definite."""
+    s_zz = np.array([[[1.0, 2.0], [2.0, 1.0]], [[2.0, 0.5], [0.5, 1.0]]])  # indefinite; definite
     assert lmd_bootstrap.nested.train_factor(s_zz, [2], 0.0) is None
-    mean = np.array([[0.5, -1.0, 2.0]])
-    weight, bias = lmd_bootstrap._refit_train((None, mean, s_zz, s_zu, None), 2, [2], 0.0, ["a"], "u")
-    np.testing.assert_allclose(weight[0], np.linalg.solve(s_zz[0], s_zu[0]), rtol=0, atol=1e-15)
-    np.testing.assert_allclose(bias[0], 2.0 - mean[0, :2] @ weight[0], rtol=0, atol=1e-15)
+    factor = lmd_bootstrap.nested.train_factor(s_zz[1:], [1, 1], 0.5)  # λ = 0.5 · S_jj per column
+    np.testing.assert_allclose(factor[0] @ factor[0].T, s_zz[1] + np.diag([1.0, 0.5]), rtol=0, atol=1e-15)

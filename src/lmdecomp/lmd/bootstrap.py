@@ -161,17 +161,13 @@ def _chunk_r2(stats: dict[str, tuple[np.ndarray, ...]], wts: np.ndarray, splits:
 def _refit_train(train: tuple[np.ndarray, ...], p: int, basis_dims: Sequence[int], alpha: float,
                  basis: Sequence[str], target: str) -> tuple[np.ndarray, np.ndarray]:
     """(R, p, q) ridge weights and (R, q) intercepts of each replicate's train moments ``train``
-    (:func:`_replicate_moments`), with the λ of :func:`ridge_penalty` on each replicate's own S_zz:
-    by Cholesky (:func:`lmdecomp.lmd.nested.train_factor`; half an LU's flops), by LU where a
-    replicate's matrix is not numerically positive definite (α = 0 on a nearly singular resample)."""
+    (:func:`_replicate_moments`), with the λ of :func:`ridge_penalty` on each replicate's own S_zz,
+    by LU (:func:`_lu_refit`): for a single fit no faster by Cholesky here (numpy's batched
+    factorisations; measured)."""
     _, mu_t, s_zz, s_zu, _ = train
-    factor = nested.train_factor(s_zz, basis_dims, alpha)
-    if factor is not None:
-        weight_t = nested.prefix_solve(factor, s_zu, p)
-        del factor  # before the intercepts' and the scores' products
-    else:
-        weight_t = _lu_refit(s_zz, s_zu, basis_dims, alpha, basis, target)
-    bias = mu_t[:, p:] - (mu_t[:, None, :p] @ weight_t)[:, 0]
+    zi, ui = np.arange(p), np.arange(p, mu_t.shape[1])
+    weight_t = _lu_refit(s_zz, s_zu, basis_dims, alpha, basis, target)
+    bias = mu_t[:, ui] - (mu_t[:, None, zi] @ weight_t)[:, 0]
     return weight_t, bias
 
 
@@ -182,7 +178,7 @@ def _lu_refit(s_zz: np.ndarray, s_zu: np.ndarray, basis_dims: Sequence[int], alp
     diagonal = np.arange(s_zz.shape[-1])
     regularised[:, diagonal, diagonal] += ridge_penalty(np.diagonal(s_zz, axis1=1, axis2=2), basis_dims, alpha)
     try:
-        return np.linalg.solve(regularised, s_zu)
+        return np.linalg.solve(regularised, s_zu)  # (R, p, q)
     except np.linalg.LinAlgError as exc:
         raise LMDError(f"bootstrap fit of {target!r} on {list(basis)}: a resampled basis covariance "
                        "is singular; set α > 0") from exc
@@ -217,25 +213,31 @@ def _check_replicates_finite(out: dict[str, np.ndarray], basis: Sequence[str], t
 
 
 def path_r2_samples(blocks: BlockMoments, path: Sequence[str], target: str, alphas: Sequence[float], n_boot: int,
-                    seed: int, splits: Sequence[str]) -> list[dict[str, np.ndarray]]:
+                    seed: int, splits: Sequence[str], last_splits: Sequence[str] = ()) -> list[dict[str, np.ndarray]]:
     """[{split: (n_boot,) replicates}] of the fit of ``target`` on ``path[:k]`` at ``alphas[k-1]``
     for k = 1 … len(alphas): step k's replicates are those of
     ``bootstrap_r2_samples(blocks, path[:k], target, alphas[k-1], n_boot, seed, splits)``, drawn
-    with one factorisation per replicate and distinct α (module doc)."""
+    with one factorisation per replicate and distinct α (:mod:`lmdecomp.lmd.nested`). The last
+    step is also scored on ``last_splits`` (a selection's last step is the leave-one-out fit)."""
     if len(alphas) > len(path):
         raise LMDError(f"a path of {len(path)} models has no step {len(alphas)}")
+    scored = {k: list(dict.fromkeys([*splits, *(last_splits if k == len(alphas) else ())]))
+              for k in range(1, len(alphas) + 1)}
     out: list[dict[str, np.ndarray]] = [{} for _ in alphas]
     for alpha in dict.fromkeys(float(a) for a in alphas):
         steps = [k for k, a in enumerate(alphas, 1) if float(a) == alpha]
-        drawn = _nested_samples(blocks, list(path[:max(steps)]), target, alpha, steps, n_boot, seed, splits)
+        drawn = _nested_samples(blocks, list(path[:max(steps)]), target, alpha, {k: scored[k] for k in steps},
+                                n_boot, seed)
         for k in steps:
             out[k - 1] = drawn[k]
     return out
 
 
-def _nested_samples(blocks: BlockMoments, basis: list[str], target: str, alpha: float, steps: Sequence[int],
-                    n_boot: int, seed: int, splits: Sequence[str]) -> dict[int, dict[str, np.ndarray]]:
-    """{k: {split: replicates}} of the fits on ``basis[:k]`` for k in ``steps``, all at ``alpha``."""
+def _nested_samples(blocks: BlockMoments, basis: list[str], target: str, alpha: float,
+                    steps: dict[int, list[str]], n_boot: int, seed: int) -> dict[int, dict[str, np.ndarray]]:
+    """{k: {split: replicates}} of the fits on ``basis[:k]``, at ``alpha``, scored on the splits
+    ``steps[k]``."""
+    splits = list(dict.fromkeys(s for k in steps for s in steps[k]))
     _check_basis(basis, [target])
     cols = np.concatenate([blocks.columns(basis), blocks.columns([target])])
     dims = [blocks.dims[blocks.names.index(b)] for b in basis]
@@ -244,7 +246,7 @@ def _nested_samples(blocks: BlockMoments, basis: list[str], target: str, alpha: 
         _check_full_data_basis_variance(blocks, basis[:k], dims[:k], cols[:widths[k - 1]])
     weights = bootstrap_weights(len(blocks), n_boot, seed).astype(np.float64)
     stats = {s: _gathered_split(blocks, s, cols, p) for s in dict.fromkeys(["train", *splits])}
-    out = {k: {s: np.empty(n_boot) for s in splits} for k in steps}
+    out = {k: {s: np.empty(n_boot) for s in steps[k]} for k in steps}
     chunk = max(1, int(_PATH_ARRAY_BYTES // (8 * w * w)))
     for lo in range(0, n_boot, chunk):
         wts = weights[lo:lo + chunk]
@@ -260,7 +262,9 @@ def _nested_samples(blocks: BlockMoments, basis: list[str], target: str, alpha: 
             else:
                 weight_t = nested.prefix_solve(factor, train_k[3], width)
                 bias = train_k[1][:, width:] - (train_k[1][:, None, :width] @ weight_t)[:, 0]
-            for s in splits:
+            # the weights differ from _refit_train's LU solve by rounding only: ≤ 1e-12 on the
+            # intervals (tests/lmd/test_bootstrap.py; on the default run, docs/performance.md)
+            for s in steps[k]:
                 out[k][s][lo:lo + chunk] = _score_split(nested.prefix_moments(held[s], width, p), weight_t, bias,
                                                            distinct_t, width, alpha)
     for k in steps:
@@ -334,16 +338,19 @@ class BootstrapCache:
                                              split=missing))
         return {s: have[s] for s in splits}
 
-    def draw_path(self, path: Sequence[str], target: str, alphas: Sequence[float], splits: Sequence[str]) -> None:
+    def draw_path(self, path: Sequence[str], target: str, alphas: Sequence[float], splits: Sequence[str],
+                  last_splits: Sequence[str] = ()) -> None:
         """Draw the replicates of every step of a selection path (basis ``path[:k]`` at ``alphas[k-1]``)
         that the cache lacks, sharing each replicate's factorisation across steps
         (:func:`path_r2_samples`)."""
         keys = [(frozenset(path[:k]), target, float(a)) for k, a in enumerate(alphas, 1)]
-        missing = [k for k, key in enumerate(keys, 1) if not set(splits) <= set(self._samples.get(key, {}))]
+        wanted = {k: {*splits, *(last_splits if k == len(keys) else ())} for k in range(1, len(keys) + 1)}
+        missing = [k for k, key in enumerate(keys, 1) if not wanted[k] <= set(self._samples.get(key, {}))]
         if not missing:
             return
         last = max(missing)  # steps up to it share the factors; steps already drawn are kept as they are
-        drawn = path_r2_samples(self.blocks, path, target, list(alphas[:last]), self.n_boot, self.seed, splits)
+        drawn = path_r2_samples(self.blocks, path, target, list(alphas[:last]), self.n_boot, self.seed, splits,
+                                last_splits if last == len(keys) else ())
         for k in missing:
             self._samples.setdefault(keys[k - 1], {}).update(drawn[k - 1])
 
@@ -410,8 +417,9 @@ def add_selection_intervals(
         steps = sorted((r for r in selection if r["target"] == target), key=lambda r: r["k"])
         if [r["k"] for r in steps] != list(range(1, len(steps) + 1)):
             continue  # not a whole path from step 1: each row's fit is drawn alone below
-        # every split, so that the last step also serves the leave-one-out table's rows
-        cache.draw_path([r["added_model"] for r in steps], target, [r["alpha"] for r in steps], SPLITS)
+        # the last step on every split: it also serves the leave-one-out table's rows
+        cache.draw_path([r["added_model"] for r in steps], target, [r["alpha"] for r in steps], ["val", "test"],
+                        last_splits=SPLITS)
     out = []
     for row in selection:
         basis = [r["added_model"] for r in selection if r["target"] == row["target"] and r["k"] <= row["k"]]
