@@ -54,7 +54,12 @@ def _same(groups, scale=1.0):
 
 RECIPES = {
     "all": _same(ALL_GROUPS),  # finetune(trainable="all")
+    "all-lr3": _same(ALL_GROUPS, 3.0),
+    "all-lr10": _same(ALL_GROUPS, 10.0),
     "aux": _same(TRAINED_BY_AUXILIARY),  # finetune(trainable="auxiliary") today
+    "aux-lr3": _same(TRAINED_BY_AUXILIARY, 3.0),
+    "aux-lr30": _same(TRAINED_BY_AUXILIARY, 30.0),
+    "aux-lr10-gates1": {**_same(TRAINED_BY_AUXILIARY, 10.0), "gates": 1.0},
     "head": {"head": 1.0},
     "head-lr30": {"head": 30.0},
     "aux-lr10": _same(TRAINED_BY_AUXILIARY, 10.0),

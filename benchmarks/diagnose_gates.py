@@ -94,11 +94,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="default: mpobert.steps")
     parser.add_argument("--out", default="results/benchmarks/diagnose_gates.json")
     parser.add_argument("--save-dir", default=None, help="save each pretrained model here (for diagnose_aux.py)")
+    parser.add_argument("--threads", type=int, default=None, help="default: mpobert.threads")
     args = parser.parse_args()
     cfg = yaml.safe_load(Path(args.params).read_text())["mpobert"]
     if args.steps is not None:
         cfg["steps"] = args.steps
-    torch.set_num_threads(cfg["threads"])
+    torch.set_num_threads(args.threads or cfg["threads"])
     texts = corpus.split_texts(args.sequences, ("train", "val"))
     healed, tokenizer = healed_model(args.base, args.healed, cfg)
     record = {"settings": {**vars(args), "mpobert": cfg}, "runs": []}
