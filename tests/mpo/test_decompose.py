@@ -147,14 +147,15 @@ def mpo_params(bonds, out_shape, in_shape) -> int:
     return sum(bonds[k] * out_shape[k] * in_shape[k] * bonds[k + 1] for k in range(len(out_shape)))
 
 
+@pytest.mark.parametrize("canonical", ["mixed", "left"])
 @pytest.mark.parametrize("seed", [10, 11, 12])
-def test_rel_err_budget_is_respected(seed):
+def test_rel_err_budget_is_respected(seed, canonical):
     out_shape, in_shape = [4, 4, 4, 4], [4, 4, 4, 4]
     w = mpo_like_matrix(out_shape, in_shape, bond=24, seed=seed)
     w_norm = np.linalg.norm(w.numpy())
-    full = mpo_decompose(w, out_shape, in_shape).bond_dims
+    full = mpo_decompose(w, out_shape, in_shape, canonical=canonical).bond_dims
     for rel_err in [0.5, 0.2, 0.05, 0.01, 1e-3]:
-        mpo = mpo_decompose(w, out_shape, in_shape, rel_err=rel_err)
+        mpo = mpo_decompose(w, out_shape, in_shape, rel_err=rel_err, canonical=canonical)
         err = np.linalg.norm(dense_reference(mpo.cores) - w.numpy())
         assert err <= rel_err * w_norm * (1 + 1e-12)
         assert any(r < f for r, f in zip(mpo.bond_dims, full))  # truncation happened
@@ -166,8 +167,9 @@ def test_rel_err_budget_is_respected(seed):
         assert err == pytest.approx(ref_err, rel=1e-6)
 
 
+@pytest.mark.parametrize("canonical", ["mixed", "left"])
 @pytest.mark.parametrize("kind", ["gaussian", "mpo_like"])
-def test_rel_err_bound_holds_over_many_budgets(kind):
+def test_rel_err_bound_holds_over_many_budgets(kind, canonical):
     out_shape, in_shape = [2, 4, 3, 4], [4, 2, 4, 3]
     if kind == "gaussian":
         w = torch.randn(96, 96, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
@@ -176,7 +178,7 @@ def test_rel_err_bound_holds_over_many_budgets(kind):
     w_norm = np.linalg.norm(w.numpy())
     ranks = set()
     for rel_err in np.geomspace(1e-3, 0.95, 30):
-        mpo = mpo_decompose(w, out_shape, in_shape, rel_err=float(rel_err))
+        mpo = mpo_decompose(w, out_shape, in_shape, rel_err=float(rel_err), canonical=canonical)
         assert np.linalg.norm(dense_reference(mpo.cores) - w.numpy()) <= rel_err * w_norm * (1 + 1e-12)
         ranks.add(tuple(mpo.bond_dims))
     assert len(ranks) >= 5  # the budgets really truncate differently
@@ -201,6 +203,112 @@ def test_carried_budget_keeps_no_more_parameters_than_the_equal_split():
     assert equal == [1, 4, 9, 9, 1] and carried.bond_dims == [1, 4, 8, 8, 1]  # 2032 vs 1680 parameters
     assert carried.truncation_errors[0] == 0.0  # the first step used none of its share
     assert strictly_fewer == 5
+
+
+def interleaved(w: np.ndarray, out_shape, in_shape) -> np.ndarray:
+    n = len(out_shape)
+    return w.reshape(list(out_shape) + list(in_shape)).transpose([p for k in range(n) for p in (k, n + k)])
+
+
+def reference_mixed_canonical(w: np.ndarray, out_shape, in_shape, bonds, centre: int) -> list[np.ndarray]:
+    """numpy float64: a left-to-right SVD sweep keeping the given bonds, then a right-to-left
+    SVD sweep (``M = U S Vᵀ``: core ← Vᵀ, left neighbour ← · U S) from the last core to ``centre``.
+    Where ``M`` has fewer columns than rows the bond shrinks here; only the matrix matters."""
+    n = len(out_shape)
+    rest, rank, cores = interleaved(w, out_shape, in_shape), 1, []
+    for k in range(n - 1):
+        u, sigma, vh = np.linalg.svd(rest.reshape(rank * out_shape[k] * in_shape[k], -1), full_matrices=False)
+        keep = bonds[k + 1]
+        cores.append(u[:, :keep].reshape(rank, out_shape[k], in_shape[k], keep))
+        rest, rank = sigma[:keep, None] * vh[:keep], keep
+    cores.append(rest.reshape(rank, out_shape[-1], in_shape[-1], 1))
+    for k in range(n - 1, centre, -1):
+        r0, i, j, r1 = cores[k].shape
+        u, sigma, vh = np.linalg.svd(cores[k].reshape(r0, -1), full_matrices=False)
+        cores[k] = vh.reshape(-1, i, j, r1)
+        cores[k - 1] = np.tensordot(cores[k - 1], u * sigma, axes=(3, 0))
+    return cores
+
+
+def gram_left(core: torch.Tensor) -> np.ndarray:
+    """``Σ_{a,i,j} G[a,i,j,b] G[a,i,j,b']``: identity for a left-orthonormal core."""
+    m = core.double().numpy().reshape(-1, core.shape[-1])
+    return m.T @ m
+
+
+def gram_right(core: torch.Tensor) -> np.ndarray:
+    """``Σ_{i,j,b} G[a,i,j,b] G[a',i,j,b]``: identity for a right-orthonormal core."""
+    m = core.double().numpy().reshape(core.shape[0], -1)
+    return m @ m.T
+
+
+MIXED_CASES = {  # out_shape, in_shape, max_bond, rel_err
+    "n2-cap": ([8, 12], [6, 10], 5, None),
+    "n3-budget": ([4, 6, 4], [3, 5, 4], None, 0.1),
+    "n4-budget": ([4, 4, 4, 4], [4, 4, 4, 4], None, 0.2),
+    "n4-full": ([2, 4, 3, 4], [4, 2, 4, 3], None, None),
+    "n5-cap": ([2, 4, 3, 2, 2], [3, 2, 2, 4, 2], 6, None),
+    "n5-cap-budget": ([2, 4, 3, 2, 2], [3, 2, 2, 4, 2], 10, 0.3),
+    "n6-caps": ([2, 2, 3, 2, 2, 2], [2, 3, 2, 2, 2, 2], [4, 8, 10, 8, 4], None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MIXED_CASES))
+def test_mixed_canonical_against_a_numpy_sweep(case):
+    out_shape, in_shape, max_bond, rel_err = MIXED_CASES[case]
+    w = mpo_like_matrix(out_shape, in_shape, bond=12, seed=40 + len(case))
+    left = mpo_decompose(w, out_shape, in_shape, max_bond=max_bond, rel_err=rel_err, canonical="left")
+    mixed = mpo_decompose(w, out_shape, in_shape, max_bond=max_bond, rel_err=rel_err)
+    c, n = mixed.central_index, mixed.n_cores
+    assert c == n // 2
+    # the same truncation, decided by the same sweep
+    assert mixed.bond_dims == left.bond_dims and mixed.truncation_errors == left.truncation_errors
+    assert all(torch.equal(a, b) for a, b in zip(mixed.spectra, left.spectra))
+    assert [tuple(x.shape) for x in mixed.cores] == [tuple(x.shape) for x in left.cores]
+    ref = reference_mixed_canonical(w.numpy(), out_shape, in_shape, mixed.bond_dims, c)
+    w_hat = dense_reference([torch.from_numpy(x) for x in ref])
+    scale = np.linalg.norm(w_hat)
+    assert np.abs(dense_reference(mixed.cores) - w_hat).max() <= 1e-12 * scale
+    assert np.abs(dense_reference(left.cores) - w_hat).max() <= 1e-12 * scale
+    for k in range(n):
+        if k < c:
+            np.testing.assert_allclose(gram_left(mixed.cores[k]), np.eye(mixed.bond_dims[k + 1]), atol=1e-12)
+        elif k > c:
+            np.testing.assert_allclose(gram_right(mixed.cores[k]), np.eye(mixed.bond_dims[k]), atol=1e-12)
+    assert float(mixed.central_tensor.norm()) == pytest.approx(scale, rel=1e-12)
+    # the centre's singular values are Ŵ's at the cut after core c (gauge-free)
+    cut = np.linalg.svd(interleaved(w_hat, out_shape, in_shape).reshape(math.prod(
+        o * i for o, i in zip(out_shape[: c + 1], in_shape[: c + 1])), -1), compute_uv=False)
+    centre = np.linalg.svd(mixed.central_tensor.numpy().reshape(-1, mixed.bond_dims[c + 1]), compute_uv=False)
+    np.testing.assert_allclose(centre, cut[: centre.size], rtol=1e-10, atol=1e-12 * scale)
+    if rel_err is not None and max_bond is None:
+        assert np.linalg.norm(w_hat - w.numpy()) <= rel_err * np.linalg.norm(w.numpy()) * (1 + 1e-12)
+
+
+def test_mixed_canonical_zeroes_the_channels_a_truncated_bond_cannot_use():
+    """Caps 4, 16, 16, 1 on 2×…×2: core 3 is (16, 2, 2, 1), 16 rows in a 4-wide space, so at most
+    4 rows can be orthonormal; they are, the other 12 are zero (in core 2's columns too)."""
+    w = torch.randn(32, 32, generator=torch.Generator().manual_seed(41), dtype=torch.float64)
+    shape = [2, 2, 2, 2, 2]
+    mixed = mpo_decompose(w, shape, shape, max_bond=[4, 16, 16, 1])
+    assert mixed.bond_dims == [1, 4, 16, 16, 1, 1]
+    ref = reference_mixed_canonical(w.numpy(), shape, shape, mixed.bond_dims, 2)
+    w_hat = dense_reference([torch.from_numpy(x) for x in ref])
+    assert np.abs(dense_reference(mixed.cores) - w_hat).max() <= 1e-12 * np.linalg.norm(w_hat)
+    np.testing.assert_allclose(gram_right(mixed.cores[3]), np.diag([1.0] * 4 + [0.0] * 12), atol=1e-12)
+    np.testing.assert_allclose(gram_right(mixed.cores[4]), np.eye(1), atol=1e-12)
+    assert not mixed.cores[2][..., 4:].any()
+    assert float(mixed.central_tensor.norm()) == pytest.approx(np.linalg.norm(w_hat), rel=1e-12)
+
+
+def test_mixed_is_the_default_and_a_bad_gauge_is_a_clear_error():
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(42), dtype=torch.float64)
+    default = mpo_decompose(w, [4, 4, 4], [4, 4, 4], max_bond=8)
+    assert float(default.central_tensor.norm()) == pytest.approx(float(default.to_matrix().norm()), rel=1e-12)
+    layer = MPOLinear.from_linear(linear(64, 64, seed=42), ([4, 4, 4], [4, 4, 4]), max_bond=8)
+    assert float(layer.cores[1].detach().norm()) == pytest.approx(float(layer.weight().detach().norm()), rel=1e-5)
+    with pytest.raises(ValueError, match="canonical must be one of"):
+        mpo_decompose(w, [4, 4, 4], [4, 4, 4], canonical="right")
 
 
 def test_max_bond_per_bond_list():

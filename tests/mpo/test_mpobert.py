@@ -142,6 +142,32 @@ def test_one_base_layer_at_full_rank_is_reconstructed_exactly():
     assert np.abs(rebuilt - w.numpy()).max() < 1e-10
 
 
+def test_auxiliary_cores_are_isometries_and_the_shared_central_carries_the_norm():
+    """Mixed-canonical around the shared central: cores left of it left-orthonormal, right of it
+    right-orthonormal, so every layer's ‖Ŵ_l‖_F = ‖C‖_F; _split_right is a gauge of _split."""
+    deep, _ = mpobert.build(small_bert().double(), mpobert.MPOBertConfig(num_layers=2, bond=4, adapter_size=0, als_iterations=1))
+    c = 5 // 2
+    for layer in mpo_layers(deep):
+        for k, core in enumerate(layer.cores):
+            m = core.detach().numpy()
+            if k < c:
+                gram = m.reshape(-1, m.shape[-1]).T @ m.reshape(-1, m.shape[-1])
+            elif k > c:
+                gram = m.reshape(m.shape[0], -1) @ m.reshape(m.shape[0], -1).T
+            else:
+                continue
+            np.testing.assert_allclose(gram, np.eye(gram.shape[0]), atol=1e-12)
+        weight = layer.weight().detach()
+        assert float(weight.norm()) == pytest.approx(float(layer.cores[c].detach().norm()), rel=1e-12)
+    g = torch.Generator().manual_seed(2)
+    b = torch.linalg.qr(torch.randn(64, 8, generator=g, dtype=torch.float64))[0].T  # orthonormal rows
+    d, pairs = [4, 4, 4], [(2, 2), (2, 2), (2, 2)]
+    plain, right = mpobert._split(b, 8, d, pairs, 1), mpobert._split_right(b, 8, d, pairs)
+    assert [x.shape for x in plain] == [x.shape for x in right]
+    np.testing.assert_allclose(np.einsum("aijb,bklc,cmnd->aijklmnd", *[x.numpy() for x in right]),
+                               np.einsum("aijb,bklc,cmnd->aijklmnd", *[x.numpy() for x in plain]), atol=1e-12)
+
+
 def test_shared_central_fit_never_gets_worse_with_more_iterations():
     g = torch.Generator().manual_seed(1)
     ws = [torch.randn(32, 32, generator=g, dtype=torch.float64) for _ in range(3)]

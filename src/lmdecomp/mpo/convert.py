@@ -77,9 +77,11 @@ def convert_linears(
     rel_err: float | None = None,
     shapes: Mapping[int, Sequence[int]] | None = None,
     n_cores: int = 5,
+    canonical: str = "mixed",
 ) -> dict[str, dict]:
     """Replace the targeted ``nn.Linear`` layers of ``model`` in place by
-    :meth:`MPOLinear.from_linear` and return what was replaced, keyed by module path.
+    :meth:`MPOLinear.from_linear` (gauge ``canonical``, see
+    :func:`~lmdecomp.mpo.decompose.mpo_decompose`) and return what was replaced, keyed by module path.
 
     Matching: a dot-free target (``"query"``) matches every Linear of that name; a
     dotted target must equal the module path inside its repeated block, i.e. after the
@@ -103,7 +105,7 @@ def convert_linears(
     for path in find_linears(model, targets):
         linear = model.get_submodule(path)
         out_f, in_f = linear.weight.shape
-        layer = MPOLinear.from_linear(linear, (factor(out_f), factor(in_f)), max_bond, rel_err)
+        layer = MPOLinear.from_linear(linear, (factor(out_f), factor(in_f)), max_bond, rel_err, canonical=canonical)
         with torch.no_grad():
             err = torch.linalg.norm(layer.weight().double() - linear.weight.double()) / torch.linalg.norm(linear.weight.double())
         records[path] = {

@@ -9,6 +9,9 @@ as a chain of ``n`` four-way cores ``G_k`` of shape ``(r_{k-1}, i_k, j_k, r_k)``
 (row index ``(i_1 … i_n)`` and column index ``(j_1 … j_n)`` in row-major order). The
 ``r_k`` are the bond dimensions. Following Gao et al. (2020, Phys. Rev. Research 2,
 023300) the middle core is the *central tensor* and the others are *auxiliary tensors*.
+In the default mixed-canonical form (``canonical="mixed"`` of :func:`mpo_decompose`) the
+auxiliary tensors are isometries and the central tensor carries all of ``Ŵ``'s norm,
+``‖G_c‖_F = ‖Ŵ‖_F``: it holds the major information, the auxiliary tensors the supplement.
 
 :func:`factorize` and :func:`mpo_decompose` produce an :class:`MPO` (plain tensors, no
 autograd); :class:`lmdecomp.mpo.layer.MPOLinear` is the trainable layer built from one.
@@ -231,6 +234,10 @@ class MPO:
         return contract_cores(self.cores, self.out_shape, self.in_shape)
 
 
+#: the gauges :func:`mpo_decompose` can return (its ``canonical`` argument).
+CANONICAL_FORMS = ("mixed", "left")
+
+
 def _as_bond_caps(max_bond: int | Sequence[int] | None, n: int) -> list[int | None]:
     # numbers.Integral: numpy integers (e.g. from a sweep over np.arange) are caps too
     if max_bond is None or isinstance(max_bond, numbers.Integral):
@@ -266,6 +273,7 @@ def mpo_decompose(
     n_cores: int = 5,
     max_bond: int | Sequence[int] | None = None,
     rel_err: float | None = None,
+    canonical: str = "mixed",
 ) -> MPO:
     """Decompose ``weight`` (``out × in``) into an :class:`MPO` by TT-SVD (Oseledets 2011).
 
@@ -302,6 +310,17 @@ def mpo_decompose(
     their caps). With neither, nothing is truncated (``r_k`` = smaller side of the
     unfolding).
 
+    ``canonical`` picks the gauge; ranks, spectra, errors and ``Ŵ`` (to round-off) are those of the sweep:
+
+    ``"left"``   the sweep's cores as they come: ``G_1 … G_{n−1}`` left-orthonormal
+                 (``Σ_{a,i,j} G_k[a,i,j,b] G_k[a,i,j,b'] = δ_{bb'}``), the norm in ``G_n``.
+    ``"mixed"``  (default) then :func:`_gauge_to_centre` sweeps from ``G_n`` back to the
+                 central core ``G_c`` (0-based ``n // 2``, :attr:`MPO.central_index`): ``G_k, k > c`` become
+                 right-orthonormal (``Σ_{i,j,b} G_k[a,i,j,b] G_k[a',i,j,b] = δ_{aa'}``), the
+                 ``G_k, k < c`` stay left-orthonormal, so ``‖G_c‖_F = ‖Ŵ‖_F`` and the
+                 singular values of ``G_c`` unfolded as ``(r_{c−1} i_c j_c, r_c)`` are those
+                 of ``Ŵ`` at that cut (the mixed-canonical form of an MPS, Schollwöck 2011 §4.4).
+
     The SVDs run in ``weight``'s dtype (float32 or float64) and on its device; the
     discarded tails are summed in float64. The bound is on the exact SVD steps: in float32 the
     SVDs and the rebuild add their own rounding, ~1e-6 of ‖W‖_F, so a budget below that (τ of
@@ -311,6 +330,8 @@ def mpo_decompose(
         raise ValueError(f"expected a matrix, got shape {tuple(weight.shape)}")
     if rel_err is not None and not rel_err >= 0:  # also rejects nan
         raise ValueError(f"rel_err must be a number >= 0, got {rel_err}")
+    if canonical not in CANONICAL_FORMS:
+        raise ValueError(f"canonical must be one of {CANONICAL_FORMS}, got {canonical!r}")
     out_shape, in_shape = _mpo_shapes(weight, out_shape, in_shape, n_cores)
     n = len(out_shape)
     caps = _as_bond_caps(max_bond, n)
@@ -321,7 +342,37 @@ def mpo_decompose(
     # (i_1…i_n, j_1…j_n) → (i_1 j_1, …, i_n j_n): core k's physical indices side by side
     rest = w.reshape(out_shape + in_shape).permute([p for k in range(n) for p in (k, n + k)]).contiguous()
     cores, spectra, errors = _tt_svd_sweep(rest, out_shape, in_shape, caps, budget)
+    if canonical == "mixed":
+        cores = _gauge_to_centre(cores, n // 2)
     return MPO(cores, out_shape, in_shape, spectra, errors)
+
+
+def _gauge_to_centre(cores: Sequence[Tensor], centre: int) -> list[Tensor]:
+    """Right-to-left QR sweep from the last core to ``centre`` that leaves ``Ŵ`` unchanged.
+
+    Step ``k = n−1 … centre+1``, with ``M_k`` the core as an ``(r_{k−1}, i_k j_k r_k)`` matrix
+    and ``p = min(r_{k−1}, i_k j_k r_k)``::
+
+        M_kᵀ = Q R  (reduced QR, Q: i_k j_k r_k × p),   G_k ← [Qᵀ; 0],   G_{k−1} ← G_{k−1} ×₄ [Rᵀ, 0]
+
+    so ``[Rᵀ, 0][Qᵀ; 0] = M_k`` and the bonds keep their size. When ``r_{k−1} ≤ i_k j_k r_k``
+    (always, unless a budget or an uneven cap truncated ``r_k`` hard) ``G_k`` is right-orthonormal.
+    Otherwise the bond ``r_{k−1}`` is wider than ``G_k`` can use; its ``r_{k−1} − p`` unused
+    channels become zero in both ``G_{k−1}`` and ``G_k`` (``Ŵ`` never depended on them) and
+    ``M_k M_kᵀ = diag(I_p, 0)``; training cannot revive such channels, ``canonical="left"`` can."""
+    cores = list(cores)
+    for k in range(len(cores) - 1, centre, -1):
+        r0, i, j, r1 = cores[k].shape
+        q, r = torch.linalg.qr(cores[k].reshape(r0, i * j * r1).T)
+        p = q.shape[1]
+        core = q.new_zeros(r0, i * j * r1)
+        core[:p] = q.T
+        cores[k] = core.reshape(r0, i, j, r1)
+        prev = cores[k - 1]
+        moved = prev.new_zeros(prev.shape[:-1] + (r0,))
+        moved[..., :p] = (prev.reshape(-1, r0) @ r.T).reshape(prev.shape[:-1] + (p,))
+        cores[k - 1] = moved
+    return cores
 
 
 def _mpo_shapes(

@@ -174,14 +174,17 @@ class MPOLinear(nn.Module):
         rel_err: float | None = None,
         *,
         n_cores: int = 5,
+        canonical: str = "mixed",
     ) -> MPOLinear:
         """Decompose ``linear.weight`` with :func:`mpo_decompose` (``shapes`` =
-        ``(out_factors, in_factors)``, or automatic with ``n_cores`` factors) and keep
-        its bias. The SVDs run in float64, so truncation choices and full-rank accuracy
-        do not depend on the layer's dtype; the cores are stored in the layer's dtype."""
+        ``(out_factors, in_factors)``, or automatic with ``n_cores`` factors; ``canonical``
+        its gauge: ``"mixed"`` puts the norm in the central core) and keep its bias. The
+        SVDs run in float64, so truncation choices and full-rank accuracy do not depend on
+        the layer's dtype; the cores are stored in the layer's dtype."""
         out_shape, in_shape = shapes if shapes is not None else (None, None)
         weight = linear.weight.detach()
-        mpo = mpo_decompose(weight.double(), out_shape, in_shape, n_cores=n_cores, max_bond=max_bond, rel_err=rel_err)
+        mpo = mpo_decompose(weight.double(), out_shape, in_shape, n_cores=n_cores, max_bond=max_bond, rel_err=rel_err,
+                            canonical=canonical)
         mpo.cores = [c.to(weight.dtype) for c in mpo.cores]
         bias = linear.bias.detach() if linear.bias is not None else None
         return cls.from_mpo(mpo, bias)

@@ -89,6 +89,7 @@ from lmdecomp.mpo.sharing import (
     _layer_shapes,
     _random_aux,
     _split,
+    _split_right,
     mpo_bond_dims,
     shared_central_fit,
 )
@@ -333,7 +334,8 @@ def _initialise_cores(model: nn.Module, base_layers: nn.ModuleList, origins: Seq
         d = _interleaved_dims(out_shape, in_shape)
         central, lefts, rights, errors[t] = shared_central_fit(weights, out_shape, in_shape, bonds[c], bonds[c + 1], cfg.als_iterations)
         model.base_model.mpobert_central.tensors[t].copy_(central.reshape(bonds[c], *pairs[c], bonds[c + 1]))
-        aux = [_split(a, 1, d[:c], pairs[:c], bonds[c]) + [None] + _split(b, bonds[c + 1], d[c + 1 :], pairs[c + 1 :], 1) for a, b in zip(lefts, rights)]
+        aux = [_split(a, 1, d[:c], pairs[:c], bonds[c]) + [None] + _split_right(b, bonds[c + 1], d[c + 1 :], pairs[c + 1 :])
+               for a, b in zip(lefts, rights)]
         for k, layer in enumerate(layers):
             target = _mpo_of(layer.layer.get_submodule(paths[t]))
             for idx, core in enumerate(aux[origins[k]]):

@@ -8,7 +8,9 @@ in :func:`~lmdecomp.mpo.decompose.mpo_decompose`), is a 3-way tensor ``M_l`` of 
     min_{C, A_l, B_l}  Σ_l ‖M_l − C ×₁ A_l ×₃ B_l‖²,   A_lᵀA_l = I,  B_l B_lᵀ = I
 
 (a Tucker-2 model with a core shared by all layers) by alternating exact updates, and
-:func:`_split` cuts ``A_l`` and ``B_l`` into the auxiliary cores by exact TT-SVD.
+:func:`_split` / :func:`_split_right` cut ``A_l`` and ``B_l`` into the auxiliary cores by exact
+TT-SVD, left- and right-orthonormal respectively, so every auxiliary core is an isometry and ``C``
+carries the norm (the mixed-canonical form of :func:`~lmdecomp.mpo.decompose.mpo_decompose`).
 :func:`mpo_bond_dims` gives the bonds that result.
 """
 
@@ -20,7 +22,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from lmdecomp.mpo.decompose import factorize
+from lmdecomp.mpo.decompose import _gauge_to_centre, factorize
 
 
 # --------------------------------------------------------------------------- #
@@ -130,6 +132,16 @@ def _split(t: Tensor, first: int, dims: Sequence[int], shapes: Sequence[tuple[in
     i, j = shapes[-1]
     cores.append(rest.reshape(r, i, j, last))
     return cores
+
+
+def _split_right(t: Tensor, first: int, dims: Sequence[int], shapes: Sequence[tuple[int, int]]) -> list[Tensor]:
+    """The right auxiliary cores of ``B_l`` (``first = r_right`` rows, orthonormal): :func:`_split`,
+    then the right-to-left QR sweep of :func:`~lmdecomp.mpo.decompose._gauge_to_centre` down to the
+    first of them. The bonds stay those of :func:`_split` (exact ranks are the same from either
+    side); every core becomes right-orthonormal, the first one too because ``B_l B_lᵀ = I`` and the
+    cores after it already are. With the left cores left-orthonormal (``A_lᵀA_l = I``) this is the
+    mixed-canonical form around the shared central tensor ``C``, which carries the norm."""
+    return _gauge_to_centre(_split(t, first, dims, shapes, 1), 0)
 
 
 def _random_aux(core: Tensor, fan_in: int, generator: torch.Generator) -> Tensor:

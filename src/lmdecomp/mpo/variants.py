@@ -2,7 +2,8 @@
 
 ``dense``    the base, trained further with the same masked-LM budget as the others.
 ``mpo``      the base with every targeted linear layer an MPO truncated to ``bond``
-             (:func:`lmdecomp.mpo.convert_linears`), then healed by masked-LM training.
+             (:func:`lmdecomp.mpo.convert_linears`, mixed-canonical: the central core
+             carries the norm), then healed by masked-LM training.
 ``mpobert``  ``layers`` deep, one central tensor per weight type shared by all layers
              (:mod:`lmdecomp.mpo.mpobert`): fit at the base's depth, healed, grown, pretrained.
 ``albert``   ``layers`` deep, one whole layer shared by all depths (ALBERT-style), built
@@ -88,7 +89,8 @@ def make_variant(name: str, base, tokenizer, train_texts: Sequence[str], val_tex
     elif name == "mpo":
         model = copy.deepcopy(base)
         targets = tuple(mpobert._family(model).values())
-        mpo.convert_linears(model, targets, max_bond=cfg["bond"], n_cores=cfg["n_cores"])
+        # mixed canonical: the central cores carry the norm, the auxiliary ones are isometries
+        mpo.convert_linears(model, targets, max_bond=cfg["bond"], n_cores=cfg["n_cores"], canonical="mixed")
         record["val_loss"]["built"] = loss(model)
         pretrain(model, "healed", cfg["heal_steps"] + cfg["steps"])
     else:
