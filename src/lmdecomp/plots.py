@@ -192,7 +192,7 @@ def _claim_title(task: str, claims: pl.DataFrame | None) -> str:
 def finetune_tradeoff(table: pl.DataFrame, path: str | Path, claims: pl.DataFrame | None = None) -> None:
     """Each task's own test metric (×100, mean over seeds) against parameter count, one panel per
     task, one marker per variant with its bootstrap interval as error bar and the lowest and
-    highest seed as small ticks; the dotted line is the dense base's score, the grey band 1 point
+    highest seed as small crosses; the dotted line is the dense base's score, the grey band 1 point
     below it. Each panel's title gives every deep variant's paired difference from dense with
     its interval and the verdict (holds / fails / inconclusive)."""
     tasks = sorted(table["task"].unique().to_list())
@@ -213,9 +213,9 @@ def finetune_tradeoff(table: pl.DataFrame, path: str | Path, claims: pl.DataFram
             err = [[y - 100 * float(r["test_metric_lo"][0])], [100 * float(r["test_metric_hi"][0]) - y]]
             ax.errorbar([x], [y], yerr=err, fmt="o", color=f"C{i % 10}", capsize=4, markersize=6,
                         label=f"{variant} ({r['layers'][0]} layers, {r['seeds'][0]} seeds)")
-            ax.scatter([x, x], [100 * float(r["seed_min"][0]), 100 * float(r["seed_max"][0])], marker="_", s=120, color=f"C{i % 10}")
+            ax.scatter([x, x], [100 * float(r["seed_min"][0]), 100 * float(r["seed_max"][0])], marker="x", s=22, color=f"C{i % 10}")
         ax.set_xlabel("parameters (encoder + head)")
-        ax.set_ylabel(f"test {rows['metric'][0]} × 100 (bars: {rows['ci_level'][0]:.0%} bootstrap interval; ticks: seed range)")
+        ax.set_ylabel(f"test {rows['metric'][0]} × 100 (mean over seeds)")
         ax.set_title(_claim_title(task, claims), fontsize=8)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, title=f"bars: {rows['ci_level'][0]:.0%} bootstrap interval; x: lowest and highest seed", title_fontsize=8)
     _save(fig, path)

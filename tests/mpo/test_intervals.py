@@ -105,3 +105,24 @@ def test_a_broken_interval_is_an_error_not_a_verdict():
         intervals.verdict(2.0, 1.0, True)
     with pytest.raises(ValueError, match="expected \\(seeds, 3\\)"):
         intervals.bootstrap_scores({"a": np.zeros(3)}, np.zeros(3), metrics.accuracy, 10, 0)
+
+
+def test_resampling_seeds_redraws_them_per_replicate_and_widens_the_interval_by_their_spread():
+    rng = np.random.default_rng(3)
+    gold = rng.integers(0, 2, 200)
+    right = lambda p: np.where(rng.random(200) < p, gold, 1 - gold)  # noqa: E731
+    spread = np.stack([right(0.6), right(0.9), right(0.75)])  # seeds far apart
+    same = np.stack([right(0.8)] * 3)  # three identical seeds
+    plain = intervals.bootstrap_scores({"spread": spread, "same": same}, gold, metrics.accuracy, 250, seed=1)
+    redrawn = intervals.bootstrap_scores({"spread": spread, "same": same}, gold, metrics.accuracy, 250, seed=1, resample_seeds=True)
+    assert np.allclose(redrawn["same"], plain["same"], atol=1e-12)  # nothing to redraw
+    # an explicit loop: replicate r of chunk k averages the seeds drawn by default_rng([seed, k, S])
+    idx = list(intervals.resample_indices(200, 250, seed=1))
+    want = []
+    for k, chunk in enumerate(idx):
+        picks = np.random.default_rng([1, k, 3]).integers(0, 3, size=(len(chunk), 3))
+        for i, row in zip(chunk, picks):
+            want.append(np.mean([float(metrics.accuracy(spread[s][i], gold[i])) for s in row]))
+    assert redrawn["spread"] == pytest.approx(want, abs=1e-12)
+    width = lambda samples: np.subtract(*intervals.percentile_interval(samples, 0.9)[::-1])  # noqa: E731
+    assert width(redrawn["spread"]) > 2 * width(plain["spread"])

@@ -46,7 +46,8 @@ def read_runs(task: str) -> tuple[list[dict], np.ndarray, finetune.TaskInfo]:
 rows, claims = [], []
 for task in (t["name"] for t in cfg["tasks"]):
     runs, gold, info = read_runs(task)
-    stats, task_claims = intervals.compare_task(task, runs, gold, info.score, boot["replicates"], boot["ci_level"], boot["seed"])
+    stats, task_claims = intervals.compare_task(task, runs, gold, info.score, boot["replicates"], boot["ci_level"], boot["seed"],
+                                                  resample_seeds=boot["resample_seeds"])
     claims += task_claims
     for r in runs:
         rows.append({"task": task, "variant": r["variant"], **{k: r[k] for k in FIRST}, **stats[r["variant"]],

@@ -12,13 +12,21 @@ replicate r resamples the n test example indices with replacement once,
 — the metric is recomputed on the resample (MCC, F1 and the correlations are not means of
 per-example scores). The interval of a variant is the percentile interval of m̄_r(v); the
 difference from the base is paired, ``d_r = m̄_r(v) − m̄_r(base)`` on the *same* idx_r, so
-examples both get right or both get wrong cancel. The intervals cover the test-sample
-uncertainty of the seed-averaged score; the spread over seeds is reported beside them
-(``seed_min``/``seed_max``/``seed_std`` in the table), not folded in.
+examples both get right or both get wrong cancel.
+
+With ``resample_seeds`` the replicate also redraws each variant's S seeds with replacement,
+``m̄_r(v) = (1/S) Σ_j metric(pred_{v,s_rj}[idx_r], gold[idx_r])``, so the interval carries the
+seed-to-seed spread too: the claim is about the fine-tuning recipe, not about three particular
+runs (measured on the default tasks, the spread over seeds was as wide as the test-sample
+interval). The draw ``s_r·`` is shared by all variants with the same number of seeds (seed j of
+every variant has the same head init and batch order). With few seeds this under-states the
+seed part of the variance by the factor (S − 1)/S; without ``resample_seeds`` the intervals
+cover the test-sample uncertainty of these runs only.
 
 Determinism: replicate r's indices come from ``numpy.random.default_rng([seed, r // 100])``,
-row r mod 100 of that chunk's (100, n) draw, so the numbers depend on ``seed`` and
-``replicates`` only (not on memory), and the work is vectorised per chunk.
+row r mod 100 of that chunk's (100, n) draw, and its seed draw from
+``default_rng([seed, r // 100, S])``, so the numbers depend on ``seed`` and ``replicates`` only
+(not on memory), and the work is vectorised per chunk.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ def resample_indices(n: int, replicates: int, seed: int) -> Iterator[np.ndarray]
 
 
 def bootstrap_scores(predictions: Mapping[str, np.ndarray], gold: np.ndarray, score: Score, replicates: int,
-                     seed: int) -> dict[str, np.ndarray]:
+                     seed: int, resample_seeds: bool = False) -> dict[str, np.ndarray]:
     """{name: (replicates,) seed-averaged scores m̄_r} for every (seeds, n) prediction matrix
     in ``predictions``, all on the same resamples (see the module docstring)."""
     gold = np.asarray(gold)
@@ -59,10 +67,17 @@ def bootstrap_scores(predictions: Mapping[str, np.ndarray], gold: np.ndarray, sc
         if p.ndim != 2 or p.shape[1] != len(gold):
             raise ValueError(f"predictions of {name!r} have shape {p.shape}; expected (seeds, {len(gold)}) like the test labels")
     out: dict[str, list[np.ndarray]] = {name: [] for name in preds}
-    for idx in resample_indices(len(gold), replicates, seed):
-        g = gold[idx]
+    for k, idx in enumerate(resample_indices(len(gold), replicates, seed)):
+        g, rows = gold[idx], np.arange(len(idx))[:, None]
+        picks: dict[int, np.ndarray] = {}  # (chunk, S) seed positions per seed count
         for name, p in preds.items():
-            out[name].append(np.mean([score(p_s[idx], g) for p_s in p], axis=0))
+            per_seed = np.stack([score(p_s[idx], g) for p_s in p])  # (S, chunk)
+            if resample_seeds:
+                if len(p) not in picks:
+                    picks[len(p)] = np.random.default_rng([seed, k, len(p)]).integers(0, len(p), size=(len(idx), len(p)))
+                out[name].append(per_seed[picks[len(p)], rows].mean(axis=1))
+            else:
+                out[name].append(per_seed.mean(axis=0))
     return {name: np.concatenate(parts) for name, parts in out.items()}
 
 
@@ -110,15 +125,15 @@ def _claim(task: str, run: Mapping, ref: Mapping, diff: np.ndarray, estimate: fl
 
 
 def compare_task(task: str, runs: Sequence[Mapping], gold: np.ndarray, score: Score, replicates: int, level: float,
-                 seed: int, reference: str = "dense") -> tuple[dict[str, dict], list[dict]]:
+                 seed: int, reference: str = "dense", resample_seeds: bool = False) -> tuple[dict[str, dict], list[dict]]:
     """Intervals for one task. ``runs``: one mapping per variant with ``variant``, ``layers``,
     ``parameters`` and ``predictions`` ((seeds, n) test predictions, example order as ``gold``).
 
     Returns ({variant: {test_metric, test_metric_lo, test_metric_hi, seed_min, seed_max,
-    seed_std}}, claims): the claims compare every variant deeper than ``reference`` with it
+    seed_std}}, claims) (``resample_seeds``: see :func:`bootstrap_scores`): the claims compare every variant deeper than ``reference`` with it
     (:func:`verdict`); none when ``reference`` is not among the runs."""
     preds = {r["variant"]: np.asarray(r["predictions"]) for r in runs}
-    boot = bootstrap_scores(preds, gold, score, replicates, seed)
+    boot = bootstrap_scores(preds, gold, score, replicates, seed, resample_seeds)
     stats = {}
     for name, p in preds.items():
         per_seed = np.array([float(score(p_s, np.asarray(gold))) for p_s in p])
