@@ -181,33 +181,41 @@ def mpo_tradeoff(tables: dict[str, dict[str, pl.DataFrame]], path: str | Path) -
     _save(fig, path)
 
 
+def _claim_title(task: str, claims: pl.DataFrame | None) -> str:
+    title = task
+    for c in ([] if claims is None else claims.filter(pl.col("task") == task).iter_rows(named=True)):
+        title += (f"\n{c['variant']}: {c['points_vs_reference']:+.1f} pts [{c['points_lo']:+.1f}, {c['points_hi']:+.1f}], "
+                  f"{c['parameters'] / c['reference_parameters']:.0%} of dense's parameters: {c['verdict']}")
+    return title
+
+
 def finetune_tradeoff(table: pl.DataFrame, path: str | Path, claims: pl.DataFrame | None = None) -> None:
-    """Test accuracy against parameter count, one panel per task, one marker per variant;
-    the dotted line is the dense base's accuracy, the grey band 1 point below it. Each panel's
-    title says, with the numbers, whether the deep variants hold the MPOBERT claim."""
+    """Each task's own test metric (×100, mean over seeds) against parameter count, one panel per
+    task, one marker per variant with its bootstrap interval as error bar and the lowest and
+    highest seed as small crosses; the dotted line is the dense base's score, the grey band 1 point
+    below it. Each panel's title gives every deep variant's paired difference from dense with
+    its interval and the verdict (holds / fails / inconclusive)."""
     tasks = sorted(table["task"].unique().to_list())
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.8), layout="constrained", squeeze=False)
     variants = sorted(table["variant"].unique().to_list())
     for ax, task in zip(axes[0], tasks):
         rows = table.filter(pl.col("task") == task)
         dense = rows.filter(pl.col("variant") == "dense")
         if dense.height:
-            acc = float(dense["test_accuracy"][0]) * 100
-            ax.axhline(acc, color="grey", linestyle=":", linewidth=1)
-            ax.axhspan(acc - 1, acc, color="grey", alpha=0.15, linewidth=0)
+            score = float(dense["test_metric"][0]) * 100
+            ax.axhline(score, color="grey", linestyle=":", linewidth=1)
+            ax.axhspan(score - 1, score, color="grey", alpha=0.15, linewidth=0)
         for i, variant in enumerate(variants):
             r = rows.filter(pl.col("variant") == variant)
             if not r.height:
                 continue
-            ax.scatter(r["parameters"], r["test_accuracy"] * 100, color=f"C{i % 10}", s=40, label=f"{variant} ({r['layers'][0]} layers)")
-        ax.set_xlabel("parameters (encoder + classifier)")
-        ax.set_ylabel("test accuracy (%)")
-        title = task
-        if claims is not None and claims.height:
-            for c in claims.filter(pl.col("task") == task).iter_rows(named=True):
-                verdict = "holds" if c["claim_holds"] else "does NOT hold"
-                title += (f"\n{c['variant']}: {c['accuracy_points_vs_reference']:+.1f} pts, "
-                          f"{c['parameters'] / c['reference_parameters']:.0%} of dense's parameters: claim {verdict}")
-        ax.set_title(title, fontsize=8)
-        ax.legend(fontsize=8)
+            x, y = float(r["parameters"][0]), 100 * float(r["test_metric"][0])
+            err = [[y - 100 * float(r["test_metric_lo"][0])], [100 * float(r["test_metric_hi"][0]) - y]]
+            ax.errorbar([x], [y], yerr=err, fmt="o", color=f"C{i % 10}", capsize=4, markersize=6,
+                        label=f"{variant} ({r['layers'][0]} layers, {r['seeds'][0]} seeds)")
+            ax.scatter([x, x], [100 * float(r["seed_min"][0]), 100 * float(r["seed_max"][0])], marker="x", s=22, color=f"C{i % 10}")
+        ax.set_xlabel("parameters (encoder + head)")
+        ax.set_ylabel(f"test {rows['metric'][0]} × 100 (mean over seeds)")
+        ax.set_title(_claim_title(task, claims), fontsize=8)
+        ax.legend(fontsize=8, title=f"bars: {rows['ci_level'][0]:.0%} bootstrap interval; x: lowest and highest seed", title_fontsize=8)
     _save(fig, path)

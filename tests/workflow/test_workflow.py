@@ -57,7 +57,9 @@ ARTIFACTS = [
     "results/tasks/tweets.json",
     "results/finetune/bbc/mpobert-aux/metrics.json",
     "results/finetune/tweets/dense/metrics.json",
+    "results/finetune/tweets/dense/predictions.parquet",
     "results/tables/finetune.csv",
+    "results/tables/finetune_headline.csv",
     "results/tables/lmd_loo.csv",
     "results/figures/finetune_tradeoff.png",
 ]
@@ -178,6 +180,20 @@ def test_snakemake_smoke_writes_every_artifact(snakemake_run, repo_root):
     finetuned = pl.read_csv(work / "results/tables/finetune.csv")
     assert sorted(zip(finetuned["task"], finetuned["variant"])) == sorted(
         (t["name"], v["name"]) for t in params["finetune"]["tasks"] for v in params["finetune"]["variants"])
+    seeds = params["finetune"]["seeds"]
+    assert (finetuned["seeds"] == seeds).all() and (finetuned["metric"] == "accuracy").all()
+    assert ((finetuned["test_metric_lo"] <= finetuned["test_metric_hi"]) & (finetuned["seed_min"] <= finetuned["test_metric"])
+            & (finetuned["test_metric"] <= finetuned["seed_max"])).all()
+    predictions = pl.read_parquet(work / "results/finetune/tweets/dense/predictions.parquet")
+    tweets_test = json.loads((work / "results/tasks/tweets.json").read_text())["per_split"]["test"]
+    assert predictions.columns == ["seed", "index", "prediction", "gold"] and predictions.height == seeds * tweets_test
+    dense = finetuned.filter((pl.col("task") == "tweets") & (pl.col("variant") == "dense"))
+    per_seed = predictions.group_by("seed").agg((pl.col("prediction") == pl.col("gold")).mean())["prediction"]
+    assert dense["test_metric"][0] == pytest.approx(per_seed.mean(), abs=1e-6)  # the table's mean is the seeds' accuracy
+    claims = pl.read_csv(work / "results/tables/finetune_headline.csv")
+    assert claims.height == 2 * 2 and set(claims["verdict"]) <= {"holds", "fails", "inconclusive"}  # 2 tasks x 2 deep variants
+    assert (claims["points_lo"] <= claims["points_hi"]).all()
+    assert not (~claims["fewer_parameters"] & (claims["verdict"] != "fails")).any()  # more parameters: the claim fails
     variant = json.loads((work / "results/variants/mpobert/metrics.json").read_text())
     assert variant["layers"] == params["mpobert"]["layers"]
     assert variant["val_loss"]["grown"] == pytest.approx(variant["val_loss"]["healed"], rel=1e-5)
@@ -241,7 +257,7 @@ def test_dvc_agrees_with_snakemake_byte_for_byte(snakemake_run, repo_root, tmp_p
     assert "loo_test_r2_mean" in shown and "results/finetune/bbc/mpobert/metrics.json" in shown
     plots = json.loads(run(["dvc", "plots", "show", "--json", "--split"], work).stdout)["data"]
     loo_rows = list(csv.DictReader(io.StringIO((work / "results/tables/lmd_loo.csv").read_text())))
-    for title in ("Leave-one-out LMD, test R² per target", "Fine-tuning, test accuracy against parameters",
+    for title in ("Leave-one-out LMD, test R² per target", "Fine-tuning, test metric against parameters",
                   "results/figures/lmd_loo.png", "results/figures/finetune_tradeoff.png"):
         assert title in plots, sorted(plots)
     loo_data = json.dumps(plots["Leave-one-out LMD, test R² per target"])

@@ -45,12 +45,14 @@ rule finetune:
     input:
         code=code_deps("finetune"),
         task="results/tasks/{task}.parquet",
+        record="results/tasks/{task}.json",
         model=lambda wc: f"results/variants/{FINETUNE[wc.variant]['model']}",
     output:
-        "results/finetune/{task}/{variant}/metrics.json",
+        metrics="results/finetune/{task}/{variant}/metrics.json",
+        predictions="results/finetune/{task}/{variant}/predictions.parquet",
     params:
-        values=stage_params("finetune", {"finetune": lambda wc: {
-            **config["finetune"], "tasks": [TASK_SPECS[wc.task]], "variants": [FINETUNE[wc.variant]]}}),
+        values=stage_params("finetune", {"finetune.tasks": lambda wc: [TASK_SPECS[wc.task]],
+                                         "finetune.variants": lambda wc: [FINETUNE[wc.variant]]}),
     wildcard_constraints:
         task="|".join(TASKS),
         variant="|".join(FINETUNE),
@@ -61,13 +63,15 @@ rule finetune:
         "results/logs/benchmark/finetune/{task}/{variant}.tsv",
     shell:
         "python workflow/scripts/finetune.py --params {PARAMS} --variant {wildcards.variant}"
-        " --task {input.task} --model {input.model} --out {output} 2> {log}"
+        " --task {input.task} --record {input.record} --model {input.model}"
+        " --out {output.metrics} --predictions {output.predictions} 2> {log}"
 
 
 rule finetune_summary:
     input:
         code=code_deps("finetune_summary"),
         metrics=expand("results/finetune/{task}/{variant}/metrics.json", task=TASKS, variant=FINETUNE),
+        predictions=expand("results/finetune/{task}/{variant}/predictions.parquet", task=TASKS, variant=FINETUNE),
     output:
         table=report("results/tables/finetune.csv", caption="../report/finetune_table.rst", category="MPOBERT"),
         headline=report("results/tables/finetune_headline.csv", caption="../report/finetune_headline.rst", category="MPOBERT"),
