@@ -27,7 +27,7 @@ __all__ = ["prediction_head", "masked_lm_loss"]
 def prediction_head(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """hidden states (..., H) → vocabulary logits (..., V), as the model's forward applies
     them; None for a family not listed here."""
-    kind = getattr(model.config, "model_type", None)
+    kind = getattr(getattr(model, "config", None), "model_type", None)
     if kind in ("bert", "roformer") and isinstance(getattr(model, "cls", None), nn.Module):
         return model.cls
     if kind == "roberta":
