@@ -186,6 +186,8 @@ def _claim_title(task: str, claims: pl.DataFrame | None) -> str:
     for c in ([] if claims is None else claims.filter(pl.col("task") == task).iter_rows(named=True)):
         title += (f"\n{c['variant']}: {c['points_vs_reference']:+.1f} pts [{c['points_lo']:+.1f}, {c['points_hi']:+.1f}], "
                   f"{c['parameters'] / c['reference_parameters']:.0%} of dense's parameters: {c['verdict']}")
+        if c.get("points_vs_ceiling") is not None:
+            title += f"; vs deep dense {c['points_vs_ceiling']:+.1f} [{c['ceiling_lo']:+.1f}, {c['ceiling_hi']:+.1f}]"
     return title
 
 

@@ -158,11 +158,16 @@ def test_every_variant_builds_trains_saves_and_loads(tmp_path, bbc_data, name):
     loss = variants.val_loss(model, tok, texts[30:], 32, 8)
     final = list(record["val_loss"].values())[-1]
     assert loss == pytest.approx(final, rel=1e-5)  # the saved model is the one that was scored
-    if name in ("mpobert", "albert"):
+    if name in ("mpobert", "albert", "deep"):
         assert record["val_loss"]["grown"] == pytest.approx(record["val_loss"]["healed"], rel=1e-5)
+    inner = [layer.layer for layer in model.bert.encoder.layer] if name not in ("dense", "mpo") else []
     if name == "albert":
-        inner = [layer.layer for layer in model.bert.encoder.layer]
         assert all(m is inner[0] for m in inner)
+    if name == "deep":  # nothing shared: four dense layers, each the size of a base layer
+        assert len({id(m) for m in inner}) == 4
+        per_layer = sum(p.numel() for p in base.bert.encoder.layer[0].parameters())
+        assert sum(p.numel() for m in inner for p in m.parameters()) == 4 * per_layer
+        assert record["parameters"]["gates"] == 4
 
 
 def test_auxiliary_only_fine_tuning_freezes_the_central_tensors(bbc_data):
@@ -178,6 +183,7 @@ def test_auxiliary_only_fine_tuning_freezes_the_central_tensors(bbc_data):
     assert metrics["trainable_parameters"] == report["auxiliary"] + report["adapters"] + report["gates"] + 32 * info.n_classes + info.n_classes
     assert all(torch.equal(a, b) for a, b in zip(central_before, mpobert.central_parameters(deep)))
     assert any(not torch.equal(a, b) for a, b in zip(aux_before, mpobert.auxiliary_parameters(deep)))
+    assert metrics["gates"] == [round(float(p.detach()), 6) for p in mpobert.gate_parameters(deep)]  # after fine-tuning
 
 
 def test_auxiliary_only_fine_tuning_refuses_an_encoder_without_shared_central_tensors():

@@ -84,6 +84,29 @@ def test_compare_task_recomputes_the_metric_on_each_resample_for_every_seed():
     assert list(claim) == intervals.CLAIM_COLUMNS
 
 
+def test_baselines_make_no_claim_and_every_claim_gets_its_paired_difference_from_the_ceiling():
+    """A probe and the deep dense model frame the claims: no claim rows of their own, and the
+    shared variant's difference from the ceiling against an explicit loop over the resamples."""
+    rng = np.random.default_rng(3)
+    gold = rng.integers(0, 2, 60)
+    noisy = lambda p: np.where(rng.random(60) < p, gold, 1 - gold)  # noqa: E731
+    runs = [{"variant": "dense", "layers": 2, "parameters": 100, "predictions": noisy(0.7)[None]},
+            {"variant": "probe", "layers": 2, "parameters": 100, "predictions": noisy(0.6)[None]},
+            {"variant": "shared", "layers": 8, "parameters": 60, "predictions": noisy(0.75)[None]},
+            {"variant": "ceiling", "layers": 8, "parameters": 400, "predictions": noisy(0.85)[None]}]
+    acc = lambda p, g: (p == g).mean(axis=-1)  # noqa: E731
+    stats, claims = intervals.compare_task("t", runs, gold, acc, replicates=120, level=0.9, seed=1, ceiling="ceiling",
+                                           baselines=["probe"])
+    assert [c["variant"] for c in claims] == ["shared"]
+    idx = np.concatenate(list(intervals.resample_indices(60, 120, seed=1)))
+    r = {v["variant"]: np.array([float(acc(v["predictions"][0][i], gold[i])) for i in idx]) for v in runs}
+    (claim,) = claims
+    assert (claim["ceiling_lo"], claim["ceiling_hi"]) == pytest.approx(np.quantile(100 * (r["shared"] - r["ceiling"]), [0.05, 0.95]), abs=1e-4)
+    assert claim["points_vs_ceiling"] == pytest.approx(100 * (stats["shared"]["test_metric"] - stats["ceiling"]["test_metric"]), abs=1e-4)
+    _, without = intervals.compare_task("t", runs[:3], gold, acc, replicates=120, level=0.9, seed=1, ceiling="ceiling")
+    assert [c["points_vs_ceiling"] for c in without] == [None]  # no ceiling among the runs
+
+
 @pytest.mark.parametrize("lo, hi, fewer, want", [
     (-0.5, 2.0, True, "holds"),
     (-1.0, 0.3, True, "holds"),  # starts exactly at -1 point: within 1 point

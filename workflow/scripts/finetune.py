@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from lmdecomp.mpo import finetune, variants
+from lmdecomp.mpo import finetune, probe, variants
 from lmdecomp.atomic import atomic_path, write_text
 from lmdecomp.params import load_stage_params
 
@@ -32,16 +32,27 @@ record = json.loads(Path(args.record).read_text())
 task_name = record.get("task", Path(args.task).stem)
 task = finetune.task_info(record, next((t for t in cfg["tasks"] if t["name"] == task_name), None))
 data = finetune.task_examples(pl.read_parquet(args.task), task)
-runs = {}
-for seed in finetune.seed_list(cfg["seeds"]):
-    model, tokenizer = variants.load_variant(args.model)  # fresh weights: fine-tuning trains them in place
-    settings = finetune.FinetuneConfig(epochs=cfg["epochs"], patience=cfg["patience"], batch_size=cfg["batch_size"],
-                                       learning_rate=cfg["learning_rate"], max_length=cfg["max_length"], seed=seed,
-                                       trainable=trainable, device=cfg.get("device", "auto"))
-    runs[seed] = finetune.finetune(model.base_model, tokenizer, data, task, settings)
+seeds = finetune.seed_list(cfg["seeds"])
+if trainable == "probe":
+    # a convex fit on frozen features: no seed enters it, so one fit serves every seed
+    model, tokenizer = variants.load_variant(args.model)
+    fit = probe.linear_probe(model.base_model, tokenizer, data, task, cfg["max_length"], cfg.get("device", "auto"))
+    runs = {seed: fit for seed in seeds}
+else:
+    runs = {}
+    for seed in seeds:
+        model, tokenizer = variants.load_variant(args.model)  # fresh weights: fine-tuning trains them in place
+        settings = finetune.FinetuneConfig(epochs=cfg["epochs"], patience=cfg["patience"], batch_size=cfg["batch_size"],
+                                           learning_rate=spec.get("learning_rate", cfg["learning_rate"]),
+                                           max_length=cfg["max_length"], seed=seed, trainable=trainable,
+                                           device=cfg.get("device", "auto"), gate_learning_rate=spec.get("gate_learning_rate"))
+        runs[seed] = finetune.finetune(model.base_model, tokenizer, data, task, settings)
 metrics, predictions = finetune.combine_seeds(runs, data["test"].label)
 metrics.update(task=task_name, variant=args.variant, model_variant=model_variant, trainable=trainable,
-               layers=model.config.num_hidden_layers)
+               layers=model.config.num_hidden_layers,
+               learning_rate=None if trainable == "probe" else spec.get("learning_rate", cfg["learning_rate"]))
+if trainable == "probe":
+    metrics["probe_l2"] = fit["probe_l2"]
 value_type = pa.int64() if task.kind == "classification" else pa.float64()
 table = pa.table({"seed": pa.array(predictions["seed"], pa.int64()), "index": pa.array(predictions["index"], pa.int64()),
                   "prediction": pa.array(predictions["prediction"], value_type), "gold": pa.array(predictions["gold"], value_type)})

@@ -25,6 +25,9 @@ cfg = load_stage_params(args.params, "finetune_summary")["finetune"]
 boot = cfg["bootstrap"]
 FIRST = ("metric", "layers", "parameters", "trainable_parameters")  # columns before the test metric's, then:
 LAST = ("val_metric", "chance_metric", "test_accuracy", "test_macro_f1")
+# baselines frame the claims and make none: the probe (floor) and the deep dense model (ceiling)
+BASELINES = [v["name"] for v in cfg["variants"] if v.get("trainable") == "probe" or v["model"] == "deep"]
+CEILING = next((v["name"] for v in cfg["variants"] if v["model"] == "deep" and v.get("trainable", "all") == "all"), None)
 
 
 def read_runs(task: str) -> tuple[list[dict], np.ndarray, finetune.TaskInfo]:
@@ -47,7 +50,7 @@ rows, claims = [], []
 for task in (t["name"] for t in cfg["tasks"]):
     runs, gold, info = read_runs(task)
     stats, task_claims = intervals.compare_task(task, runs, gold, info.score, boot["replicates"], boot["ci_level"], boot["seed"],
-                                                  resample_seeds=boot["resample_seeds"])
+                                                  resample_seeds=boot["resample_seeds"], ceiling=CEILING, baselines=BASELINES)
     claims += task_claims
     for r in runs:
         rows.append({"task": task, "variant": r["variant"], **{k: r[k] for k in FIRST}, **stats[r["variant"]],

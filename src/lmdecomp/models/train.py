@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lmdecomp.atomic import atomic_path, stale_temps
+from lmdecomp.models.mlm_head import masked_lm_loss
 from lmdecomp.models.masking import (
     _gen,
     _maskable,
@@ -159,7 +160,7 @@ def evaluate_mlm(model: nn.Module, inputs: torch.Tensor, attention_mask: torch.T
     """Token-weighted mean masked-LM loss over pre-masked ``inputs``/``labels``.
 
     Returns ``(loss, n_scored_tokens)``; loss is None when nothing is scored.
-    Relies on ``model(...).loss`` being the mean over non-ignored labels.
+    :func:`~lmdecomp.models.mlm_head.masked_lm_loss` is the mean over non-ignored labels.
     """
     if device is None:
         device = next(model.parameters()).device
@@ -174,12 +175,9 @@ def evaluate_mlm(model: nn.Module, inputs: torch.Tensor, attention_mask: torch.T
             if n == 0:
                 continue
             with _autocast(device):
-                out = model(
-                    input_ids=inputs[s : s + batch_size].to(device),
-                    attention_mask=attention_mask[s : s + batch_size].to(device),
-                    labels=lab.to(device),
-                )
-            total += float(out.loss.float()) * n
+                loss = masked_lm_loss(model, inputs[s : s + batch_size].to(device), attention_mask[s : s + batch_size].to(device),
+                                      lab.to(device))
+            total += float(loss.float()) * n
             n_total += n
     finally:
         model.train(was_training)
@@ -476,8 +474,7 @@ class _MLMRun:
         )
         lr = float(self.scheduler.get_last_lr()[0])
         with _autocast(device):
-            out = self.model(input_ids=inputs.to(device), attention_mask=am.to(device), labels=labels.to(device))
-        loss = out.loss
+            loss = masked_lm_loss(self.model, inputs.to(device), am.to(device), labels.to(device))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip is not None:

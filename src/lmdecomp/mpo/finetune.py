@@ -56,6 +56,7 @@ class FinetuneConfig:
     seed: int = 0
     trainable: str = "all"  # "all" or "auxiliary"
     device: str = "auto"  # "auto": CUDA when available
+    gate_learning_rate: float | None = None  # the residual gates' own rate (None: learning_rate)
 
 
 @dataclass(frozen=True)
@@ -138,12 +139,15 @@ class SequenceClassifier(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(hidden, n_outputs)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def pool(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean of the last hidden states over real tokens, ``Σ_t m_t h_t / Σ_t m_t``."""
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         h = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
         m = attention_mask.unsqueeze(-1).to(h.dtype)
-        pooled = (h * m).sum(1) / m.sum(1).clamp_min(1.0)
-        return self.head(self.dropout(pooled))
+        return (h * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.dropout(self.pool(input_ids, attention_mask, token_type_ids)))
 
 
 def _takes_token_types(encoder: nn.Module) -> bool:
@@ -205,6 +209,18 @@ def _trainable(model: SequenceClassifier, mode: str) -> list[nn.Parameter]:
     return [p for p in mpobert._unique(model.parameters()) if p.requires_grad]
 
 
+def _groups(model: SequenceClassifier, params: list[nn.Parameter], cfg: FinetuneConfig) -> list[dict]:
+    """One AdamW group, or two when the gates have their own rate: AdamW moves a parameter by
+    at most about its rate per step, so a gate at 0 cannot open within a short run at the
+    encoder's rate (67 steps at 2e-3 move it by at most ~0.07)."""
+    gates = {id(p) for p in mpobert.gate_parameters(model.encoder)}
+    if cfg.gate_learning_rate is None or not gates:
+        return [{"params": params}]
+    groups = [{"params": [p for p in params if id(p) not in gates]},
+              {"params": [p for p in params if id(p) in gates], "lr": cfg.gate_learning_rate, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
 @dataclass(frozen=True)
 class _Objective:
     """The loss on head outputs and the map from outputs to predictions: argmax for
@@ -253,7 +269,7 @@ def _train(model: SequenceClassifier, enc, data: Mapping[str, Examples], objecti
     device = model.head.weight.device
     n_train, labels = len(enc["train"][0]), data["train"].label
     steps_per_epoch = math.ceil(n_train / cfg.batch_size)
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(_groups(model, params, cfg), lr=cfg.learning_rate, weight_decay=0.01)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(0.1 * steps_per_epoch * cfg.epochs), steps_per_epoch * cfg.epochs)
     best_val, best_state, best_epoch, history, step = -math.inf, None, 0, [], 0
     bar = tqdm(total=steps_per_epoch * cfg.epochs, disable=not progress, desc="finetune", dynamic_ncols=True, mininterval=0.5)
@@ -321,6 +337,9 @@ def finetune(encoder: nn.Module, tokenizer, data: Mapping[str, Examples], task: 
            "history": history, "parameters": report["total"], "parameters_by_role": report,
            "trainable_parameters": sum(p.numel() for p in params), "examples": {s: len(data[s].text) for s in SPLITS},
            "test_predictions": pred.tolist()}
+    gates = [round(float(m.gate.detach()), 6) for m in encoder.modules() if isinstance(m, mpobert.GatedLayer)]
+    if gates:  # MPOBERT / ALBERT / deep: the residual gates after fine-tuning (0: a closed layer)
+        out["gates"] = gates
     if task.kind == "classification":
         out.update(n_classes=task.n_classes, positive_class=task.positive)
         out["test_accuracy"] = float(metrics.accuracy(pred, gold))
@@ -341,7 +360,7 @@ def seed_list(seeds: int | Sequence[int]) -> list[int]:
 
 
 SHARED = ("metric", "kind", "n_classes", "positive_class", "parameters", "parameters_by_role", "trainable_parameters", "examples", "chance_metric")
-PER_SEED = ("test_metric", "val_metric", "test_accuracy", "test_macro_f1", "best_epoch", "epochs_run", "history")
+PER_SEED = ("test_metric", "val_metric", "test_accuracy", "test_macro_f1", "best_epoch", "epochs_run", "history", "gates")
 
 
 def combine_seeds(runs: Mapping[int, Mapping[str, Any]], test_gold: Sequence[Any]) -> tuple[dict[str, Any], dict[str, list]]:

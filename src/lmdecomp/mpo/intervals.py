@@ -42,7 +42,8 @@ CHUNK = 100  # replicates drawn (and scored) together
 MARGIN_POINTS = 1.0  # the claim: at most 1 point below the base
 VERDICTS = ("holds", "fails", "inconclusive")
 CLAIM_COLUMNS = ["task", "variant", "layers", "reference_layers", "parameters", "reference_parameters", "fewer_parameters",
-                 "points_vs_reference", "points_lo", "points_hi", "ci_level", "verdict"]
+                 "points_vs_reference", "points_lo", "points_hi", "ci_level", "verdict",
+                 "points_vs_ceiling", "ceiling_lo", "ceiling_hi"]
 
 Score = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (pred, gold) of shape (..., n) -> (...)
 
@@ -125,13 +126,17 @@ def _claim(task: str, run: Mapping, ref: Mapping, diff: np.ndarray, estimate: fl
 
 
 def compare_task(task: str, runs: Sequence[Mapping], gold: np.ndarray, score: Score, replicates: int, level: float,
-                 seed: int, reference: str = "dense", resample_seeds: bool = False) -> tuple[dict[str, dict], list[dict]]:
+                 seed: int, reference: str = "dense", resample_seeds: bool = False, ceiling: str | None = None,
+                 baselines: Sequence[str] = ()) -> tuple[dict[str, dict], list[dict]]:
     """Intervals for one task. ``runs``: one mapping per variant with ``variant``, ``layers``,
     ``parameters`` and ``predictions`` ((seeds, n) test predictions, example order as ``gold``).
 
     Returns ({variant: {test_metric, test_metric_lo, test_metric_hi, seed_min, seed_max,
-    seed_std}}, claims) (``resample_seeds``: see :func:`bootstrap_scores`): the claims compare every variant deeper than ``reference`` with it
-    (:func:`verdict`); none when ``reference`` is not among the runs."""
+    seed_std}}, claims) (``resample_seeds``: see :func:`bootstrap_scores`): the claims compare
+    every variant deeper than ``reference`` with it (:func:`verdict`), except the ``baselines``
+    (a probe, the deep dense ceiling: they frame the claims, they make none); none when
+    ``reference`` is not among the runs. With a ``ceiling`` among the runs, each claim also
+    gets the paired difference from it (``points_vs_ceiling`` with its interval), else None."""
     preds = {r["variant"]: np.asarray(r["predictions"]) for r in runs}
     boot = bootstrap_scores(preds, gold, score, replicates, seed, resample_seeds)
     stats = {}
@@ -142,9 +147,17 @@ def compare_task(task: str, runs: Sequence[Mapping], gold: np.ndarray, score: Sc
                        "seeds": len(per_seed), "seed_min": float(per_seed.min()), "seed_max": float(per_seed.max()),
                        "seed_std": float(per_seed.std(ddof=1)) if len(per_seed) > 1 else 0.0}
     ref = next((r for r in runs if r["variant"] == reference), None)
+    top = ceiling if ceiling in preds else None
     claims = []
     for run in runs if ref is not None else []:
-        if run["layers"] > ref["layers"]:
-            estimate = 100 * (stats[run["variant"]]["test_metric"] - stats[reference]["test_metric"])
-            claims.append(_claim(task, run, ref, 100 * (boot[run["variant"]] - boot[reference]), estimate, level))
+        name = run["variant"]
+        if run["layers"] > ref["layers"] and name not in baselines and name != top:
+            estimate = 100 * (stats[name]["test_metric"] - stats[reference]["test_metric"])
+            claim = _claim(task, run, ref, 100 * (boot[name] - boot[reference]), estimate, level)
+            claim.update(points_vs_ceiling=None, ceiling_lo=None, ceiling_hi=None)
+            if top is not None:
+                lo, hi = percentile_interval(100 * (boot[name] - boot[top]), level)
+                claim.update(points_vs_ceiling=round(100 * (stats[name]["test_metric"] - stats[top]["test_metric"]), 4),
+                             ceiling_lo=round(lo, 4), ceiling_hi=round(hi, 4))
+            claims.append(claim)
     return stats, claims

@@ -16,6 +16,10 @@ an :class:`~lmdecomp.mpo.MPOLinear` of ``n`` cores ``G_1 … G_n`` (central core
 ``"layer"`` (ALBERT-style)
     one whole transformer layer (dense weights, LayerNorms, biases) is the same module
     at every depth; only the residual gates are per position.
+``"none"`` (the deep dense baseline)
+    nothing is shared: every layer keeps its own dense weights, built and grown with the
+    same depth mapping and gates, so it has the depth of the shared models at the full
+    parameter cost (the ceiling they trade against).
 
 Residual gates
 --------------
@@ -132,7 +136,7 @@ class MPOBertConfig:
     """What :func:`build` makes; stored next to the weights so :func:`load` can rebuild it."""
 
     num_layers: int  # L', the depth of the new model
-    sharing: str = "central"  # "central" (MPOBERT) or "layer" (ALBERT-style)
+    sharing: str = "central"  # "central" (MPOBERT), "layer" (ALBERT-style) or "none" (deep dense)
     bond: int | None = None  # cap on the central tensor's two bonds; None: full rank
     n_cores: int = 5
     adapter_size: int = 8  # bottleneck width of the per-layer adapters; 0: none
@@ -142,8 +146,8 @@ class MPOBertConfig:
     def __post_init__(self) -> None:
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
-        if self.sharing not in ("central", "layer"):
-            raise ValueError(f"sharing must be 'central' or 'layer', got {self.sharing!r}")
+        if self.sharing not in ("central", "layer", "none"):
+            raise ValueError(f"sharing must be 'central', 'layer' or 'none', got {self.sharing!r}")
         if self.init not in ("stable", "random_auxiliary"):
             raise ValueError(f"init must be 'stable' or 'random_auxiliary', got {self.init!r}")
         if self.bond is not None and self.bond < 1:
@@ -235,10 +239,10 @@ def _install(model: nn.Module, cfg: MPOBertConfig, gates: Sequence[float]) -> No
     layers = _layers(model)
     if len(layers) != cfg.num_layers:
         raise ValueError(f"model has {len(layers)} layers, config says {cfg.num_layers}")
-    if cfg.sharing == "layer":
-        shared = layers[0]
-        for k in range(len(layers)):
-            layers[k] = GatedLayer(shared, gates[k])
+    if cfg.sharing != "central":
+        inner = [layers[0] if cfg.sharing == "layer" else layer for layer in layers]
+        for k, layer in enumerate(inner):
+            layers[k] = GatedLayer(layer, gates[k])
         return
     paths = _family(model)
     first = layers[0]

@@ -8,13 +8,19 @@
              (:mod:`lmdecomp.mpo.mpobert`): fit at the base's depth, healed, grown, pretrained.
 ``albert``   ``layers`` deep, one whole layer shared by all depths (ALBERT-style), built
              the same way.
+``deep``     ``layers`` deep with nothing shared (every layer its own dense weights), built
+             the same way: the dense ceiling of the same depth and pretraining budget that
+             the shared models trade parameters against.
 
-Every variant gets the same masked-LM budget, so fine-tuning compares architectures and not
+Every variant gets the same training budget, so fine-tuning compares architectures and not
 amounts of pretraining: ``heal_steps`` at the base's depth then ``steps`` at the final depth
-(``dense`` and ``mpo`` stay at the base's depth for both). The
-record holds the val masked-LM loss after each phase, so the stable initialisation can be
-read off: ``grown`` equals ``healed`` (growth preserves the function), and both are
-compared with ``base``.
+(``dense`` and ``mpo`` stay at the base's depth for both). The objective (``objective``) is
+the masked-LM loss (``mlm``) or distillation toward the base's last hidden states
+(``distill``, :mod:`lmdecomp.mpo.distill`: for a base without a trained masked-LM head; the
+dense variant is then the base itself). The record holds the val loss of that objective after
+each phase (for ``distill`` the relative error against the base, 0 for the base), so the
+stable initialisation can be read off: ``grown`` equals ``healed`` (growth preserves the
+function), and both are compared with ``base``.
 
 Fine-tuning variants (``finetune.variants`` in params.yaml) name one of these models and
 which of its parameters train, e.g. ``mpobert`` with ``trainable: auxiliary``.
@@ -29,11 +35,13 @@ from typing import Any, Mapping, Sequence
 
 from lmdecomp import mpo
 from lmdecomp.models import masking, train
-from lmdecomp.mpo import mpobert
+from lmdecomp.mpo import distill, mpobert
 
 __all__ = ["MODEL_VARIANTS", "make_variant", "load_variant", "val_loss"]
 
-MODEL_VARIANTS = ("dense", "mpo", "mpobert", "albert")
+MODEL_VARIANTS = ("dense", "mpo", "mpobert", "albert", "deep")
+SHARING = {"mpobert": "central", "albert": "layer", "deep": "none"}
+OBJECTIVES = ("mlm", "distill")  # how the variants are healed and pretrained (mpobert.objective)
 MODEL_DIR = "model"
 
 
@@ -68,24 +76,35 @@ def make_variant(name: str, base, tokenizer, train_texts: Sequence[str], val_tex
         raise ValueError(f"unknown variant {name!r}; choose from {MODEL_VARIANTS}")
     out_dir = Path(out_dir)
     work = Path(work_dir) if work_dir is not None else None
-    loss = lambda m: val_loss(m, tokenizer, val_texts, cfg["max_length"], cfg["val_blocks"])  # noqa: E731
+    objective = cfg.get("objective", "mlm")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"mpobert.objective must be one of {OBJECTIVES}, got {objective!r}")
+    if objective == "distill":
+        val_ids, val_mask = masking.make_blocks(tokenizer, list(val_texts), cfg["max_length"])
+        loss = lambda m: distill.val_error(m, base, val_ids[: cfg["val_blocks"]], val_mask[: cfg["val_blocks"]])  # noqa: E731
+    else:
+        loss = lambda m: val_loss(m, tokenizer, val_texts, cfg["max_length"], cfg["val_blocks"])  # noqa: E731
     n_base = base.config.num_hidden_layers
-    record: dict[str, Any] = {"variant": name, "base_layers": n_base, "val_loss": {"base": loss(base)}}
+    record: dict[str, Any] = {"variant": name, "base_layers": n_base, "objective": objective, "val_loss": {"base": loss(base)}}
     logs: list[dict] = []
 
     def pretrain(model, phase: str, steps: int):
         if steps == 0:
             return
-        ckpt = work / phase if work is not None else None
-        result = train.train_mlm_restarting(model, tokenizer, train_texts, val_texts, _train_config(cfg, steps), ckpt,
-                                            progress=progress)
-        logs.extend({"phase": phase, **row} for row in result.log)
+        if objective == "distill":
+            logs.extend({"phase": phase, **row} for row in distill.distill(model, base, tokenizer, train_texts, cfg, steps))
+        else:
+            ckpt = work / phase if work is not None else None
+            result = train.train_mlm_restarting(model, tokenizer, train_texts, val_texts, _train_config(cfg, steps), ckpt,
+                                                progress=progress)
+            logs.extend({"phase": phase, **row} for row in result.log)
         model.cpu().eval()
         record["val_loss"][phase] = loss(model)
 
     if name == "dense":
         model = copy.deepcopy(base)
-        pretrain(model, "healed", cfg["heal_steps"] + cfg["steps"])
+        # distilling the base into itself is the identity: the dense variant is the base
+        pretrain(model, "healed", 0 if objective == "distill" else cfg["heal_steps"] + cfg["steps"])
     elif name == "mpo":
         model = copy.deepcopy(base)
         targets = tuple(mpobert._family(model).values())
@@ -94,7 +113,7 @@ def make_variant(name: str, base, tokenizer, train_texts: Sequence[str], val_tex
         record["val_loss"]["built"] = loss(model)
         pretrain(model, "healed", cfg["heal_steps"] + cfg["steps"])
     else:
-        sharing = "central" if name == "mpobert" else "layer"
+        sharing = SHARING[name]
         spec = mpobert.MPOBertConfig(num_layers=n_base, sharing=sharing, bond=cfg["bond"], n_cores=cfg["n_cores"],
                                      adapter_size=cfg["adapter_size"] if sharing == "central" else 0,
                                      als_iterations=cfg["als_iterations"])
