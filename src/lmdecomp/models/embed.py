@@ -40,9 +40,8 @@ model has and reports how many it dropped.
 ``layers`` (a list, or ``all``) stores further hidden states as ``hidden_K`` columns, for
 layer-wise LMD. They come from the same forward pass, so they cost only the pooling.
 
-On the CPU the C heap keeps the forward pass's large activations from one batch to the next
-instead of mapping them afresh (:mod:`lmdecomp.models.heap`): fewer page faults, and a peak
-memory that one shard's batches bound, not the number of shards.
+On the CPU the C heap gets a fixed policy (:mod:`lmdecomp.models.heap`): large activations are
+mapped and returned on free, so the peak memory is bounded by a batch, not by the number of shards.
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ from tqdm.auto import tqdm
 from lmdecomp.atomic import replace_dir, stale_temps_in, write_text
 from lmdecomp.data import shards, words
 from lmdecomp.models.attention import prefer_blocked_attention, use_blocked_attention
-from lmdecomp.models.heap import keep_large_blocks_in_heap
+from lmdecomp.models.heap import fixed_heap_policy
 from lmdecomp.models.pooling import POOLINGS, SequencePooler, WordPooler
 from lmdecomp.models.sources import ModelRef, weights_sha256
 
@@ -287,8 +286,8 @@ def embed_model(
     # every check before the first write: bad settings leave no folder behind
     settings = _settings(cfg)
     if settings.device.type == "cpu":
-        # before the model's tensors: batch after batch they reuse the heap (see lmdecomp.models.heap)
-        keep_large_blocks_in_heap()
+        # before the model's tensors (see lmdecomp.models.heap)
+        fixed_heap_policy()
     lm = _load(ref, cfg, settings, expected_weights)
     plan = _plan(ref, cfg, lm.max_length, sequences, lm.attention, settings.overflow, lm.weights, settings.device)
     finished = _start_or_resume(out_dir, plan)

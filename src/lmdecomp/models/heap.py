@@ -1,23 +1,24 @@
-"""The C heap's policy for CPU inference: large blocks stay in the heap, one arena, a fixed trim.
+"""The C heap's policy for CPU inference: a fixed mmap threshold, a fixed trim, one arena.
 
-PyTorch's CPU tensors come from ``malloc``. glibc serves a block above its *mmap threshold* with a
-fresh ``mmap`` and returns it to the kernel on ``free``; the threshold starts at 128 KiB and
-rises, up to 32 MiB, to the size of each mapped block freed. An embedding forward pass allocates
-and frees the same few large activations in every layer of every batch (MiniLM at 8,192 tokens:
-the 1,536-wide feed-forward input and its GELU, 48 MiB each, above any threshold glibc reaches).
-Each of them was mapped afresh, so its every 4 KiB page was faulted in and zeroed by the kernel
-again: about 150,000 page faults per batch, ~9 % of a float32 MiniLM run's CPU time
-(docs/performance.md, 2026-12-02). What the heap keeps also depended on the history of the
-moving threshold, and on which threads allocated (glibc gives threads their own arenas), so the
-peak RSS of one run differed from the next and grew with the number of batches.
+PyTorch's CPU tensors come from ``malloc``. glibc serves a block above its *mmap threshold* with
+a fresh ``mmap`` and unmaps it on ``free``; by default the threshold starts at 128 KiB and
+*moves*: up to 32 MiB, to the size of each mapped block freed. So which activations of an
+embedding forward pass (MiniLM at 8,192 tokens: 12 MiB hidden states, 48 MiB feed-forward
+blocks) stay in the heap after a free depends on the history of the run, and on the threads
+that allocated (glibc gives threads their own arenas). The heap then fragments around the
+blocks it keeps, batch after batch: peak RSS grew with the number of shards (2,000 → 20,000
+sequences: 902 → 1,021 MiB here, 1,064 → 1,264 MiB on the Intel machine), by luck of the run.
 
-:func:`keep_large_blocks_in_heap` fixes the policy instead (``mallopt``; it also turns off the
-moving threshold): blocks up to ``mmap_mb`` come from the heap and are reused batch after batch,
-free memory above ``trim_mb`` at the top of the heap is given back, and every thread shares one
-arena. It changes where blocks live, not their alignment (PyTorch aligns every tensor to 64
-bytes), so results are bit-identical. It is process-wide and lasts; other libraries of the
-process (sentence-transformers in ``benchmarks/bench_embed.py``) get it too. Where the C library
-is not glibc it does nothing.
+:func:`fixed_heap_policy` turns the moving threshold off (``mallopt``): every block of at least
+``mmap_mb`` is mapped and given back on ``free``, free memory above ``trim_mb`` at the top of
+the heap is trimmed, and all threads share one arena. Only small blocks stay in the heap, so
+the peak is the live memory of the worst batch plus a small heap: flat in the corpus size
+(docs/performance.md, 2026-12-02). Keeping the large blocks in the heap instead (a 64 MiB
+threshold) saves their page faults, ~9 % of the CPU time, but the heap kept growing (996 →
+1,121 MiB for 10× the sequences). The policy moves blocks, not their alignment (PyTorch aligns
+every tensor to 64 bytes), so results are bit-identical. It is process-wide and lasts; other
+libraries of the process (sentence-transformers in ``benchmarks/bench_embed.py``) get it too.
+Where the C library is not glibc it does nothing.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ import platform
 
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
-MMAP_MB = 64  # above the largest activation of the zoo and MiniLM at the default batch_tokens (48 MiB)
-TRIM_MB = 512  # above the free memory at the top of the heap between the layers of a batch
+MMAP_MB = 1  # blocks of 1 MiB and more are mapped: activations of every model and batch size
+TRIM_MB = 1
 _applied: tuple[int, int] | None = None
 
 
-def keep_large_blocks_in_heap(mmap_mb: int = MMAP_MB, trim_mb: int = TRIM_MB) -> bool:
+def fixed_heap_policy(mmap_mb: int = MMAP_MB, trim_mb: int = TRIM_MB) -> bool:
     """Set glibc's heap policy (module doc); True where it was set (now or by an earlier call
     with the same sizes), False where the C library is not glibc or refused a setting."""
     global _applied
