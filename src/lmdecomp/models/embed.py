@@ -39,6 +39,9 @@ model has and reports how many it dropped.
 ``layer`` is the hidden state in the ``embedding`` column (0 = embeddings, −1 = last layer);
 ``layers`` (a list, or ``all``) stores further hidden states as ``hidden_K`` columns, for
 layer-wise LMD. They come from the same forward pass, so they cost only the pooling.
+
+On the CPU the C heap gets a fixed policy (:mod:`lmdecomp.models.heap`): large activations are
+mapped and returned on free, so the peak memory is bounded by a batch, not by the number of shards.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from tqdm.auto import tqdm
 from lmdecomp.atomic import replace_dir, stale_temps_in, write_text
 from lmdecomp.data import shards, words
 from lmdecomp.models.attention import prefer_blocked_attention, use_blocked_attention
+from lmdecomp.models.heap import fixed_heap_policy
 from lmdecomp.models.pooling import POOLINGS, SequencePooler, WordPooler
 from lmdecomp.models.sources import ModelRef, weights_sha256
 
@@ -281,6 +285,9 @@ def embed_model(
     out_dir = Path(work_dir) if work_dir is not None else final_dir
     # every check before the first write: bad settings leave no folder behind
     settings = _settings(cfg)
+    if settings.device.type == "cpu":
+        # before the model's tensors (see lmdecomp.models.heap)
+        fixed_heap_policy()
     lm = _load(ref, cfg, settings, expected_weights)
     plan = _plan(ref, cfg, lm.max_length, sequences, lm.attention, settings.overflow, lm.weights, settings.device)
     finished = _start_or_resume(out_dir, plan)
