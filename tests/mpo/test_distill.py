@@ -14,14 +14,7 @@ from lmdecomp import mpo
 from lmdecomp.models import masking
 from lmdecomp.mpo import distill
 from conftest import package_folder
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from mpo_helpers import one_thread  # noqa: F401  (autouse fixture)
 
 
 TEXTS = [f"report {i}: the {w} market moved as {v} traders watched the {w} index" for i, (w, v) in

@@ -14,18 +14,9 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertFo
 from lmdecomp.mpo import finetune, mpobert, variants
 from lmdecomp.data import tasks
 from conftest import package_folder
+from mpo_helpers import one_thread  # noqa: F401  (autouse fixture)
 
 FRACTIONS = {"train": 0.8, "val": 0.1, "test": 0.1}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a loaded machine two threads spin:
-    a tiny fine-tune took 25 s with two and 0.5 s with one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def write_csv(path, rows: list[bytes]) -> None:

@@ -11,14 +11,7 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from lmdecomp.mpo import finetune, probe
 from conftest import package_folder
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from mpo_helpers import one_thread  # noqa: F401  (autouse fixture)
 
 
 WORDS = {0: "goal match team league striker", 1: "market shares profit bank growth", 2: "film actor award music stage"}
