@@ -252,3 +252,17 @@ def test_train_factor_refuses_a_scatter_that_is_not_positive_definite():
     assert lmd_bootstrap.nested.train_factor(s_zz, [2], 0.0) is None
     factor = lmd_bootstrap.nested.train_factor(s_zz[1:], [1, 1], 0.5)  # λ = 0.5 · S_jj per column
     np.testing.assert_allclose(factor[0] @ factor[0].T, s_zz[1] + np.diag([1.0, 0.5]), rtol=0, atol=1e-15)
+
+
+def test_one_forward_solve_serves_every_prefix():
+    """prefix_solve on the shared forward solution equals a direct solve of each leading block:
+    forward substitution reads the leading rows only (lmdecomp.lmd.nested's module doc)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 40, 6))
+    s_zz, s_zu = np.einsum("rni,rnj->rij", x, x), rng.standard_normal((2, 6, 3))
+    factor = lmd_bootstrap.nested.train_factor(s_zz, [2, 1, 3], 0.1)
+    forward = lmd_bootstrap.nested.forward_solve(factor, s_zu)
+    regularised = factor @ np.swapaxes(factor, 1, 2)
+    for width in (2, 3, 6):
+        want = np.linalg.solve(regularised[:, :width, :width], s_zu[:, :width])
+        np.testing.assert_allclose(lmd_bootstrap.nested.prefix_solve(factor, forward, width), want, rtol=1e-12, atol=1e-12)

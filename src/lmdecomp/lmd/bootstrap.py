@@ -254,13 +254,14 @@ def _nested_samples(blocks: BlockMoments, basis: list[str], target: str, alpha: 
         held = {s: train if s == "train" else _replicate_moments(stats[s], wts, p, w) for s in splits}
         distinct_t = (wts > 0) @ stats["train"][0]
         factor = nested.train_factor(train[2], dims, alpha)
+        forward = None if factor is None else nested.forward_solve(factor, train[3])
         for k in steps:
             width = int(widths[k - 1])
             train_k = nested.prefix_moments(train, width, p)
             if factor is None:  # not positive definite: refit this step alone, as bootstrap_r2_samples does
                 weight_t, bias = _refit_train(train_k, width, dims[:k], alpha, basis[:k], target)
             else:
-                weight_t = nested.prefix_solve(factor, train_k[3], width)
+                weight_t = nested.prefix_solve(factor, forward, width)
                 bias = train_k[1][:, width:] - (train_k[1][:, None, :width] @ weight_t)[:, 0]
             # the weights differ from _refit_train's LU solve by rounding only: ≤ 1e-12 on the
             # intervals (tests/lmd/test_bootstrap.py; on the default run, docs/performance.md)

@@ -8,15 +8,16 @@ scatter. A Cholesky factor inherits this,
 
     A = L Lᵀ  ⇒  A[:P, :P] = L[:P, :P] L[:P, :P]ᵀ,
 
-so replicate r of step k costs two triangular solves of width P_k on the leading block of one
-factor L_r instead of a factorisation of its own (:func:`lmdecomp.lmd.bootstrap.path_r2_samples`)."""
+so replicate r of step k costs one backward triangular solve of width P_k on the leading block
+of one factor L_r instead of a factorisation of its own; the forward solve L_r Y = S_zu is shared
+by every step too, since its first P_k rows are those of the prefix's (:func:`lmdecomp.lmd.bootstrap.path_r2_samples`)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
-from scipy.linalg import cho_solve
+from scipy.linalg import solve_triangular
 
 from lmdecomp.lmd.fits import ridge_penalty
 
@@ -35,10 +36,20 @@ def train_factor(s_zz: np.ndarray, dims: Sequence[int], alpha: float) -> np.ndar
         return None
 
 
-def prefix_solve(factor: np.ndarray, s_zu: np.ndarray, width: int) -> np.ndarray:
-    """(R, width, q) solutions W of (L Lᵀ)[:width, :width] W = S_zu[:width] per replicate, from the
-    leading block of each factor (module doc)."""
-    return np.stack([cho_solve((factor[r, :width, :width], True), s_zu[r, :width], check_finite=False)
+def forward_solve(factor: np.ndarray, s_zu: np.ndarray) -> np.ndarray:
+    """(R, P, q) Y = L⁻¹ S_zu per replicate, for the whole basis. Forward substitution reads
+    the leading rows only, so Y[:P_k] = L[:P_k, :P_k]⁻¹ S_zu[:P_k] for every prefix: one forward
+    solve serves every step of a path (:func:`prefix_solve`)."""
+    return np.stack([solve_triangular(factor[r], s_zu[r], lower=True, check_finite=False)
+                     for r in range(len(factor))])
+
+
+def prefix_solve(factor: np.ndarray, forward: np.ndarray, width: int) -> np.ndarray:
+    """(R, width, q) solutions W of (L Lᵀ)[:width, :width] W = S_zu[:width] per replicate: the
+    backward solve L[:width, :width]ᵀ W = Y[:width] on the leading rows of the shared forward
+    solution Y (:func:`forward_solve`; module doc)."""
+    return np.stack([solve_triangular(factor[r, :width, :width], forward[r, :width], lower=True, trans="T",
+                                      check_finite=False)
                      for r in range(len(factor))])
 
 
