@@ -121,3 +121,41 @@ def test_different_shard_layouts_name_the_first_differing_shard(tmp_path):
         lmd.accumulate_moments({"a": tmp_path / "a", "b": tmp_path / "b"})
     with pytest.raises(lmd.LMDError, match=r"\(2 vs 3 shards\)"):
         lmd.accumulate_moments({"a": tmp_path / "a", "c": tmp_path / "c"})
+
+
+def test_read_ahead_produces_the_next_item_while_the_caller_holds_this_one():
+    """Item k+1 is read while the caller still works on item k (the caller waits for the
+    producer's signal; read one after the other, that wait would time out), in order, and
+    the producer's exception reaches the caller with its own type."""
+    import threading
+
+    produced = [threading.Event() for _ in range(4)]
+
+    def items():
+        for k in range(3):
+            produced[k].set()
+            yield k
+        raise lmd.LMDError("shard 3 is corrupt")
+
+    got, ahead = [], []
+    reader = lmd.stream.read_ahead(items())
+    with pytest.raises(lmd.LMDError, match="shard 3 is corrupt"):
+        for k in reader:
+            got.append(k)
+            if k < 2:
+                ahead.append(produced[k + 1].wait(timeout=10))
+    assert got == [0, 1, 2] and ahead == [True, True]
+
+
+def test_read_ahead_reads_at_most_one_item_ahead_and_stops_with_the_caller():
+    pulled = []
+
+    def items():
+        for k in range(100):
+            pulled.append(k)
+            yield k
+
+    reader = lmd.stream.read_ahead(items())
+    assert [next(reader), next(reader)] == [0, 1]
+    reader.close()  # the caller stops early: the worker finishes its one read ahead and exits
+    assert pulled == [0, 1, 2]

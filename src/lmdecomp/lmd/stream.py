@@ -5,15 +5,36 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, TypeVar
 
 import numpy as np
 
 from lmdecomp.data import shards
 from lmdecomp.lmd.errors import LMDError
 from lmdecomp.lmd.moments import SPLITS, Moments, _symmetrise_from_lower, reduce_moments
+
+
+T = TypeVar("T")
+_END = object()
+
+
+def read_ahead(items: Iterator[T]) -> Iterator[T]:
+    """``items`` in order, each next one produced by a worker thread while the caller works on
+    the current one.
+
+    Reading a shard group (file reads, sha256, Parquet decoding, the finiteness check) is
+    single-threaded and releases the GIL (hashlib, pyarrow, numpy), while the caller's rank-k
+    updates run on every BLAS thread: done one after the other, a core idles through every
+    read. Exceptions reach the caller from the item that raised them; ``items`` is only ever
+    advanced by one thread at a time, and one item at most is read ahead."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmd-read-ahead") as worker:
+        pending = worker.submit(next, items, _END)
+        while (item := pending.result()) is not _END:
+            pending = worker.submit(next, items, _END)
+            yield item
 
 
 @dataclass
@@ -139,7 +160,7 @@ def aligned_shards(
             yield ShardGroup(base.split[select[first]], base.seq_id[select[first]],
                              [parts[f].columns[c][select[f]] for f, c in parsed.values()])
 
-    return AlignedShards(names, dims, n_shards, groups(), info, [0, *np.cumsum(sequences).tolist()])
+    return AlignedShards(names, dims, n_shards, read_ahead(groups()), info, [0, *np.cumsum(sequences).tolist()])
 
 
 def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False, flush_rows: int = 2048,
