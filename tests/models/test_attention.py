@@ -116,3 +116,13 @@ def test_amx_is_read_from_the_cpu_flags():
     assert attention.cpu_has_amx(with_amx) and not attention.cpu_has_amx(zen4)
     assert not attention.cpu_has_amx("")
     assert attention.prefer_blocked_attention() == (not attention.cpu_has_amx())
+
+
+def test_native_bf16_is_avx512_bf16_or_amx():
+    """bf16 runs in hardware on Zen 4 (avx512_bf16) and on AMX Xeons, and is emulated on AVX2."""
+    amx_only = "flags\t\t: fpu avx512f amx_bf16 amx_tile\n"
+    zen4 = "flags\t\t: fpu sse2 avx512f avx512_bf16\n"
+    zen3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\nbugs\t\t: sysret_ss_attrs\n"
+    assert attention.cpu_has_native_bf16(amx_only) and attention.cpu_has_native_bf16(zen4)
+    assert not attention.cpu_has_native_bf16(zen3) and not attention.cpu_has_native_bf16("")
+    assert attention.cpu_flags(zen3) == {"fpu", "sse2", "avx", "avx2", "fma"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -204,6 +205,22 @@ def test_bfloat16_stays_near_float32_and_is_deterministic_with_either_attention(
     embed.embed_model(ref, sequences, tmp_path / "again", cfg(dtype="bfloat16"), progress=False)
     for name in sorted(p.name for p in (tmp_path / "bf16").glob("part-*")):
         assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "bf16" / name).read_bytes()
+
+
+@pytest.mark.parametrize("native", [True, False])  # a Zen 4 or AMX CPU, and an AVX2-only one
+def test_bfloat16_on_a_cpu_without_native_bf16_warns_and_names_the_fix(tiny_model_dir, sequences, tmp_path,
+                                                                       monkeypatch, native):
+    monkeypatch.setattr(embed, "cpu_has_native_bf16", lambda: native)
+    ref = sources.resolve({"name": "tiny", "path": str(tiny_model_dir)})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        embed.embed_model(ref, sequences, tmp_path / "bf16", cfg(dtype="bfloat16"), progress=False)
+    emulated = [str(w.message) for w in caught if "emulated" in str(w.message)]
+    if native:
+        assert emulated == []
+    else:
+        assert emulated == ["model 'tiny': embed.dtype bfloat16 on a CPU without avx512_bf16 or AMX is emulated "
+                            "(usually slower than float32); set embed.dtype: float32 (config/float32.yaml)"]
 
 
 @pytest.mark.parametrize("rust_backend", [True, False])

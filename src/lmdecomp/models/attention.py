@@ -121,17 +121,28 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
-def cpu_has_amx(cpuinfo: str | None = None) -> bool:
-    """Whether the CPU has AMX bfloat16 tiles: the ``amx_bf16`` flag of ``/proc/cpuinfo`` (or of
-    the ``cpuinfo`` text given); False where that file does not exist."""
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags: the first ``flags`` line of ``/proc/cpuinfo`` (or of the
+    ``cpuinfo`` text given); empty where that file does not exist."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo", encoding="utf-8") as fh:
                 cpuinfo = fh.read()
         except OSError:
-            return False
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
-    return "amx_bf16" in flags
+            return set()
+    return set(next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), []))
+
+
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU has AMX bfloat16 tiles (the ``amx_bf16`` flag)."""
+    return "amx_bf16" in cpu_flags(cpuinfo)
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU computes bfloat16 in hardware (``avx512_bf16`` or ``amx_bf16``); without
+    either, bf16 is emulated through float32 conversions, and bf16 autocast usually runs slower
+    than float32 itself."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags(cpuinfo))
 
 
 def prefer_blocked_attention() -> bool:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +63,7 @@ from tqdm.auto import tqdm
 
 from lmdecomp.atomic import replace_dir, stale_temps_in, write_text
 from lmdecomp.data import shards, words
-from lmdecomp.models.attention import prefer_blocked_attention, use_blocked_attention
+from lmdecomp.models.attention import cpu_has_native_bf16, prefer_blocked_attention, use_blocked_attention
 from lmdecomp.models.heap import fixed_heap_policy
 from lmdecomp.models.pooling import POOLINGS, SequencePooler, WordPooler
 from lmdecomp.models.sources import ModelRef, weights_sha256
@@ -368,6 +369,10 @@ def _load(ref: ModelRef, cfg: Mapping[str, Any], settings: _Settings, expected_w
                          "save the model with a tokenizer.json")
     model = ref.load_model().to(settings.device)
     if settings.dtype == "bfloat16" and settings.device.type == "cpu":
+        if not cpu_has_native_bf16():
+            warnings.warn(f"model {ref.name!r}: embed.dtype bfloat16 on a CPU without avx512_bf16 or AMX is "
+                          "emulated (usually slower than float32); set embed.dtype: float32 (config/float32.yaml)",
+                          stacklevel=2)
         if prefer_blocked_attention():  # faster than SDPA at small heads without AMX; see lmdecomp.models.attention
             use_blocked_attention(model)
     attention = str(model.config._attn_implementation)
