@@ -12,18 +12,15 @@ ratio and the medians.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(variable, "2")
+import bench_lmd  # first: it pins the BLAS threads before numpy loads
 
 import numpy as np  # noqa: E402
 
-import bench_lmd  # noqa: E402
 from lmdecomp import lmd  # noqa: E402
 from lmdecomp.lmd import stream  # noqa: E402
 
@@ -46,7 +43,7 @@ def same_moments(a: lmd.Moments, b: lmd.Moments) -> bool:
 
 def main(n_train: int, pairs: int) -> None:
     times: dict[str, list[float]] = {"off": [], "on": []}
-    with tempfile.TemporaryDirectory(prefix="ab_read_ahead_") as tmp, lmd.blas_threads(2):
+    with tempfile.TemporaryDirectory(prefix="ab_read_ahead_") as tmp, lmd.blas_threads(bench_lmd.THREADS):
         folders = bench_lmd.write_synthetic(Path(tmp) / "emb", n_train)
         reference = None
         for pair in range(pairs):

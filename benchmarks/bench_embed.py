@@ -90,14 +90,9 @@ def make_sequences(tokenizer, path: Path, n: int, seq_len: int, min_tokens: int)
 
 
 def cpu_bf16() -> dict:
-    flags = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    from lmdecomp.models.attention import cpu_flags
+
+    flags = cpu_flags()
     mkldnn_bf16 = bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
     native = {f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in flags}
     return {"mkldnn_available": torch.backends.mkldnn.is_available(), "mkldnn_bf16_supported": mkldnn_bf16,
