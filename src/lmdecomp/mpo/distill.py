@@ -10,8 +10,8 @@ the variant's (student's) last hidden states ``s_t`` and the base's (teacher's) 
 
 the relative squared error of the hidden states (0: the variant computes what the base
 computes; 1: as far off as predicting zeros). The blocks are those of masked-LM training
-(:func:`lmdecomp.models.masking.make_blocks`, no tokens masked); AdamW (weight decay 0.01 on
-matrices) with linear warmup and decay, gradient clipping at 1; the batch order comes from a
+(:func:`lmdecomp.models.masking.make_blocks`, no tokens masked); fused AdamW (weight decay 0.01
+on matrices) with linear warmup and decay, gradient clipping at 1; the batch order comes from a
 seeded permutation per epoch and dropout from a seed per step, so a run is deterministic. The
 teacher runs in eval mode without gradients. Not resumable: a killed job starts over (a
 variant's distillation is a few minutes).
@@ -27,7 +27,7 @@ from torch import nn
 
 from lmdecomp.models import masking
 from lmdecomp.models.masking import _gen, derive_seed
-from lmdecomp.models.train import _param_groups
+from lmdecomp.models.train import _param_groups, fused_adamw
 
 __all__ = ["relative_error", "val_error", "distill"]
 
@@ -69,7 +69,7 @@ def distill(student: nn.Module, teacher: nn.Module, tokenizer, train_texts: Sequ
         raise ValueError("distillation needs training text: the train split gave no blocks")
     teacher.eval()
     student.train()
-    optimizer = torch.optim.AdamW(_param_groups(student, 0.01), lr=cfg["learning_rate"])
+    optimizer = fused_adamw(_param_groups(student, 0.01), lr=cfg["learning_rate"])
     warmup = int(round(cfg["warmup_ratio"] * steps))
     schedule = lambda t: (t + 1) / max(1, warmup) if t < warmup else max(0.0, (steps - t) / max(1, steps - warmup))  # noqa: E731
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

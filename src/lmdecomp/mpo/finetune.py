@@ -12,7 +12,7 @@ encoded with the tokenizer's pair encoding, ``tokenizer(text, text_pair, truncat
 (longest side truncated first), and its ``token_type_ids`` go to the encoder when the tokenizer
 gives them and the encoder has at least two token types.
 
-Training: AdamW with linear warmup (10%) and linear decay over ``epochs`` epochs, gradient
+Training: AdamW (the fused kernel, :func:`lmdecomp.models.train.fused_adamw`) with linear warmup (10%) and linear decay over ``epochs`` epochs, gradient
 clipping at 1, seeded head init, example order and dropout per step (as in
 :func:`lmdecomp.models.train.train_mlm`); after every epoch the task's metric on val
 (:mod:`lmdecomp.mpo.metrics`), early stopping after ``patience`` epochs without a strict
@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from lmdecomp.models.masking import _gen, derive_seed
-from lmdecomp.models.train import _resolve_device
+from lmdecomp.models.train import _resolve_device, fused_adamw
 from lmdecomp.mpo import metrics, mpobert
 
 __all__ = ["FinetuneConfig", "TaskInfo", "Examples", "SequenceClassifier", "task_info", "task_examples", "finetune",
@@ -269,7 +269,7 @@ def _train(model: SequenceClassifier, enc, data: Mapping[str, Examples], objecti
     device = model.head.weight.device
     n_train, labels = len(enc["train"][0]), data["train"].label
     steps_per_epoch = math.ceil(n_train / cfg.batch_size)
-    optimizer = torch.optim.AdamW(_groups(model, params, cfg), lr=cfg.learning_rate, weight_decay=0.01)
+    optimizer = fused_adamw(_groups(model, params, cfg), lr=cfg.learning_rate, weight_decay=0.01)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(0.1 * steps_per_epoch * cfg.epochs), steps_per_epoch * cfg.epochs)
     best_val, best_state, best_epoch, history, step = -math.inf, None, 0, [], 0
     bar = tqdm(total=steps_per_epoch * cfg.epochs, disable=not progress, desc="finetune", dynamic_ncols=True, mininterval=0.5)
