@@ -40,8 +40,9 @@ model has and reports how many it dropped.
 ``layers`` (a list, or ``all``) stores further hidden states as ``hidden_K`` columns, for
 layer-wise LMD. They come from the same forward pass, so they cost only the pooling.
 
-On the CPU the C heap gets a fixed policy (:mod:`lmdecomp.models.heap`): large activations are
-mapped and returned on free, so the peak memory is bounded by a batch, not by the number of shards.
+On the CPU the C heap gets a fixed policy (:mod:`lmdecomp.models.heap`): activations are reused
+from the heap within a batch and its free pages go back to the kernel after every batch, so the
+peak memory is bounded by a batch, not by the number of shards.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from tqdm.auto import tqdm
 from lmdecomp.atomic import replace_dir, stale_temps_in, write_text
 from lmdecomp.data import shards, words
 from lmdecomp.models.attention import cpu_has_native_bf16, prefer_blocked_attention, use_blocked_attention
-from lmdecomp.models.heap import fixed_heap_policy
+from lmdecomp.models.heap import fixed_heap_policy, release_free
 from lmdecomp.models.pooling import POOLINGS, SequencePooler, WordPooler
 from lmdecomp.models.sources import ModelRef, weights_sha256
 
@@ -484,6 +485,9 @@ def _embed_pieces(lm: _Loaded, settings: _Settings, pieces: _Pieces, n_texts: in
             features = {k: v.to(settings.device) for k, v in features.items()}
             hidden = lm.model(**features, output_hidden_states=True).hidden_states
             pooler.add(rows, owner[rows], hidden, features["attention_mask"])
+            del hidden, features
+            if settings.device.type == "cpu":
+                release_free()  # the batch's activations are free now (lmdecomp.models.heap)
             # the bar counts texts: a text is done with the batch that holds its last piece
             np.subtract.at(pieces_left, owner[rows], 1)
             bar.update(int(np.sum(pieces_left[np.unique(owner[rows])] == 0)))

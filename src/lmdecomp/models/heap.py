@@ -9,14 +9,22 @@ that allocated (glibc gives threads their own arenas). The heap then fragments a
 blocks it keeps, batch after batch: peak RSS grew with the number of shards (2,000 → 20,000
 sequences: 902 → 1,021 MiB here, 1,064 → 1,264 MiB on the Intel machine), by luck of the run.
 
-:func:`fixed_heap_policy` turns the moving threshold off (``mallopt``): every block of at least
-``mmap_mb`` is mapped and given back on ``free``, free memory above ``trim_mb`` at the top of
-the heap is trimmed, and all threads share one arena. Only small blocks stay in the heap, so
-the peak is the live memory of the worst batch plus a small heap: flat in the corpus size
-(docs/performance.md, 2026-12-02). Keeping the large blocks in the heap instead (a 64 MiB
-threshold) saves their page faults, ~9 % of the CPU time, but the heap kept growing (996 →
-1,121 MiB for 10× the sequences). The policy moves blocks, not their alignment (PyTorch aligns
-every tensor to 64 bytes), so results are bit-identical. It is process-wide and lasts; other
+:func:`fixed_heap_policy` turns the moving threshold off (``mallopt``) at 16 MiB, so the
+activations of embed's default batches (``embed.batch_tokens: 8192``: MiniLM's 12 MiB hidden
+states, a zoo model's 8 MiB attention scores) are served from the heap, and all threads share
+one arena; :func:`release_free` (``malloc_trim``), which embed calls after every batch, gives
+the heap's free pages back to the kernel. Within a batch a freed block is reused without new
+page faults; between batches the heap shrinks to what is live, so the peak is one batch's
+working set: flat in the corpus size.
+
+Measured on 2026-12-03 (Intel Xeon with AMX, 2 threads, the default's 4,000 sequences; peak RSS
+of ``bench_embed``'s 2,000 → 20,000 sequences of 32 tokens; docs/performance.md), threshold and
+trim: 1 MiB without ``malloc_trim`` (the earlier policy: every large block mapped and unmapped
+on each free): MiniLM 72.8 s, 39 s of it system time (page faults), RSS 891 → 893 MiB; 8 MiB
++ trim: 72.0 s, 807 → 828 MiB; **16 MiB + trim: 62.7 s, 965 → 983 MiB**; 64 MiB + trim:
+58.1 s, but 987 → 1,104 MiB (the 48 MiB feed-forward blocks fragment the heap). A zoo model:
+18.1 s → 14.0 s at 16 MiB. The policy moves blocks, not their alignment (PyTorch aligns every
+tensor to 64 bytes), so results are bit-identical. It is process-wide and lasts; other
 libraries of the process (sentence-transformers in ``benchmarks/bench_embed.py``) get it too.
 Where the C library is not glibc it does nothing.
 """
@@ -25,12 +33,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import platform
 
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
-MMAP_MB = 1  # blocks of 1 MiB and more are mapped: activations of every model and batch size
-TRIM_MB = 1
+MMAP_MB = 16  # blocks below 16 MiB come from the heap: the activations of embed's default batches
+TRIM_MB = 16
 _applied: tuple[int, int] | None = None
 
 
@@ -50,12 +59,25 @@ def fixed_heap_policy(mmap_mb: int = MMAP_MB, trim_mb: int = TRIM_MB) -> bool:
     return ok
 
 
+def release_free() -> bool:
+    """Give the heap's free pages back to the kernel (glibc ``malloc_trim(0)``: every whole free
+    page of every arena, not only the top); True where it ran, False where the C library is not
+    glibc."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+@functools.cache  # find_library may run ldconfig: once per process, not once per batch
 def _glibc() -> ctypes.CDLL | None:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
         return libc
     except (OSError, AttributeError):
         return None
