@@ -156,7 +156,7 @@ def test_fused_adamw_follows_the_adamw_update_in_float64():
     p ← p − lr · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε)."""
     import numpy as np
 
-    from lmdecomp.models.train import fused_adamw
+    from lmdecomp.models.optim import fused_adamw
 
     rng = np.random.default_rng(0)
     p0, grads = rng.standard_normal((7, 5)), rng.standard_normal((3, 7, 5))

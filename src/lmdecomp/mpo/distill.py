@@ -27,7 +27,8 @@ from torch import nn
 
 from lmdecomp.models import masking
 from lmdecomp.models.masking import _gen, derive_seed
-from lmdecomp.models.train import _param_groups, fused_adamw
+from lmdecomp.models.optim import fused_adamw
+from lmdecomp.models.train import _param_groups
 
 __all__ = ["relative_error", "val_error", "distill"]
 

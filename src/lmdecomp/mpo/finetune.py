@@ -12,8 +12,9 @@ encoded with the tokenizer's pair encoding, ``tokenizer(text, text_pair, truncat
 (longest side truncated first), and its ``token_type_ids`` go to the encoder when the tokenizer
 gives them and the encoder has at least two token types.
 
-Training: AdamW (the fused kernel, :func:`lmdecomp.models.train.fused_adamw`) with linear warmup (10%) and linear decay over ``epochs`` epochs, gradient
-clipping at 1, seeded head init, example order and dropout per step (as in
+Training: AdamW (the fused kernel, :func:`lmdecomp.models.optim.fused_adamw`) with linear
+warmup (10%) and linear decay over ``epochs`` epochs, gradient clipping at 1, seeded head init,
+example order and dropout per step (as in
 :func:`lmdecomp.models.train.train_mlm`); after every epoch the task's metric on val
 (:mod:`lmdecomp.mpo.metrics`), early stopping after ``patience`` epochs without a strict
 improvement, and the best epoch's weights restored before the test split is scored.
@@ -37,7 +38,8 @@ import torch
 from torch import nn
 
 from lmdecomp.models.masking import _gen, derive_seed
-from lmdecomp.models.train import _resolve_device, fused_adamw
+from lmdecomp.models.optim import fused_adamw
+from lmdecomp.models.train import _resolve_device
 from lmdecomp.mpo import metrics, mpobert
 
 __all__ = ["FinetuneConfig", "TaskInfo", "Examples", "SequenceClassifier", "task_info", "task_examples", "finetune",
