@@ -70,10 +70,14 @@ def release_free() -> bool:
     return True
 
 
-@functools.cache  # find_library may run ldconfig: once per process, not once per batch
 def _glibc() -> ctypes.CDLL | None:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
+    return _load_libc()
+
+
+@functools.cache  # find_library may run ldconfig: once per process, not once per batch
+def _load_libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
