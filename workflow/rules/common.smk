@@ -118,3 +118,9 @@ def stage_params(stage, narrowed=None, bind=None):
 
 def embedding_dirs(wildcards=None):
     return expand("results/embeddings/{model}", model=MODELS)
+
+
+# The LMD chain (model → embed → moments/lmd_layers → lmd_fit) starts first whenever a core is
+# free; the MPOBERT jobs (variant → finetune), many and short, fill the cores around it, so the
+# run does not end on one long LMD job with a core idle (docs/performance.md, per-rule table).
+LMD_CHAIN_PRIORITY = 10

@@ -9,6 +9,7 @@ rule embed:
         values=stage_params("embed", bind={"key": lambda wc: wc.model}),
     wildcard_constraints:
         model="|".join(MODELS),
+    priority: LMD_CHAIN_PRIORITY
     threads: max(1, config["embed"].get("threads", 1))
     log:
         "results/logs/embed/{model}.log",

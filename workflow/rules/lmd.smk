@@ -10,6 +10,7 @@ if SHARD_PARTS is None:
             blocks="results/lmd/block_moments.safetensors",
         params:
             values=stage_params("moments", {"models": lambda wc: MODELS}),
+        priority: LMD_CHAIN_PRIORITY
         threads: config["lmd"]["threads"]
         log:
             "results/logs/moments.log",
@@ -34,6 +35,7 @@ else:
             values=stage_params("moments", {"models": lambda wc: MODELS}),
         wildcard_constraints:
             part=r"\d+",
+        priority: LMD_CHAIN_PRIORITY
         threads: config["lmd"]["threads"]
         log:
             "results/logs/moments/part-{part}.log",
@@ -53,6 +55,7 @@ else:
             blocks="results/lmd/block_moments.safetensors",
         params:
             values=stage_params("moments", {"models": lambda wc: MODELS}),
+        priority: LMD_CHAIN_PRIORITY
         threads: 1
         log:
             "results/logs/moments.log",
@@ -76,6 +79,7 @@ rule lmd_fit:
         metrics=report("results/lmd/metrics.json", caption="../report/tables.rst", category="Tables"),
     params:
         values=stage_params("lmd_fit"),
+    priority: LMD_CHAIN_PRIORITY
     threads: config["lmd"]["threads"]
     log:
         "results/logs/lmd_fit.log",
@@ -96,6 +100,7 @@ rule similarity:
         "results/lmd/similarity.parquet",
     params:
         values=stage_params("similarity", {"models": lambda wc: MODELS}),
+    priority: LMD_CHAIN_PRIORITY
     threads: config["lmd"]["threads"]
     log:
         "results/logs/similarity.log",
@@ -115,6 +120,7 @@ rule lmd_layers:
         report("results/lmd/layers.parquet", caption="../report/tables.rst", category="Tables"),
     params:
         values=stage_params("lmd_layers", {"models": lambda wc: MODELS}),
+    priority: LMD_CHAIN_PRIORITY
     threads: config["lmd"]["threads"]
     log:
         "results/logs/lmd_layers.log",

@@ -9,6 +9,7 @@ rule model:
         values=stage_params("model", bind={"key": lambda wc: wc.model}),
     wildcard_constraints:
         model="|".join(MODELS),
+    priority: LMD_CHAIN_PRIORITY
     threads: lambda wc: config["zoo"]["threads"] if "pretrain" in config["models"][wc.model] else 1
     log:
         "results/logs/model/{model}.log",
