@@ -120,7 +120,9 @@ def embedding_dirs(wildcards=None):
     return expand("results/embeddings/{model}", model=MODELS)
 
 
-# The LMD chain (model → embed → moments/lmd_layers → lmd_fit) starts first whenever a core is
-# free; the MPOBERT jobs (variant → finetune), many and short, fill the cores around it, so the
-# run does not end on one long LMD job with a core idle (docs/performance.md, per-rule table).
+# Job order on few cores: the LMD chain (model → embed → moments/lmd_layers → lmd_fit) starts
+# first whenever a core is free, then the MPOBERT variants (up to a minute each), and the
+# fine-tuning jobs, many and short, fill the cores last, so the run does not end on one long
+# job with a core idle (docs/performance.md, the job timeline).
 LMD_CHAIN_PRIORITY = 10
+VARIANT_PRIORITY = 5

@@ -12,6 +12,7 @@ rule variant:
         values=stage_params("variant"),
     wildcard_constraints:
         variant="|".join(config["mpobert"]["variants"]),
+    priority: VARIANT_PRIORITY
     threads: config["mpobert"]["threads"]
     log:
         "results/logs/variant/{variant}.log",
