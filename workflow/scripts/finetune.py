@@ -10,9 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from lmdecomp.models import heap
 from lmdecomp.mpo import finetune, probe, variants
 from lmdecomp.atomic import atomic_path, write_text
 from lmdecomp.params import load_stage_params
+
+heap.huge_pages_for_large_tensors()  # before the first tensor: PyTorch reads the switch once (lmdecomp.models.heap)
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")

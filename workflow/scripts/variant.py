@@ -6,10 +6,12 @@ from pathlib import Path
 import torch
 
 from lmdecomp.data import corpus
-from lmdecomp.models import sources
+from lmdecomp.models import heap, sources
 from lmdecomp.mpo import variants
 from lmdecomp.atomic import atomic_dir
 from lmdecomp.params import load_stage_params, model_spec
+
+heap.huge_pages_for_large_tensors()  # before the first tensor: PyTorch reads the switch once (lmdecomp.models.heap)
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--params", nargs="+", default=["params.yaml"], help="config files, merged in order")

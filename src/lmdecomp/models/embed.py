@@ -42,7 +42,9 @@ layer-wise LMD. They come from the same forward pass, so they cost only the pool
 
 On the CPU the C heap gets a fixed policy (:mod:`lmdecomp.models.heap`): activations are reused
 from the heap within a batch and its free pages go back to the kernel after every batch, so the
-peak memory is bounded by a batch, not by the number of shards.
+peak memory is bounded by a batch, not by the number of shards; the blocks too large for the
+heap get transparent huge pages (a page fault per 2 MiB, not per 4 KiB), where this process has
+not allocated a tensor yet.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from tqdm.auto import tqdm
 from lmdecomp.atomic import replace_dir, stale_temps_in, write_text
 from lmdecomp.data import shards, words
 from lmdecomp.models.attention import cpu_has_native_bf16, prefer_blocked_attention, use_blocked_attention
-from lmdecomp.models.heap import fixed_heap_policy, release_free
+from lmdecomp.models.heap import fixed_heap_policy, huge_pages_for_large_tensors, release_free
 from lmdecomp.models.pooling import POOLINGS, SequencePooler, WordPooler
 from lmdecomp.models.sources import ModelRef, weights_sha256
 
@@ -290,6 +292,7 @@ def embed_model(
     if settings.device.type == "cpu":
         # before the model's tensors (see lmdecomp.models.heap)
         fixed_heap_policy()
+        huge_pages_for_large_tensors()
     lm = _load(ref, cfg, settings, expected_weights)
     plan = _plan(ref, cfg, lm.max_length, sequences, lm.attention, settings.overflow, lm.weights, settings.device)
     finished = _start_or_resume(out_dir, plan)
