@@ -438,6 +438,8 @@ def _embed_shards(ref: ModelRef, sequences: Path, out_dir: Path, cfg: Mapping[st
         # a Parquet row group of about one batch of the chunk's longest pieces
         rows = _write_pooled(path, ref.name, settings, lm, seq_ids, splits, pooled,
                              batch_tokens // max(int(pieces.lengths.max()), 1))
+        if settings.device.type == "cpu":
+            release_free()  # the shard's activations and columns are free now (lmdecomp.models.heap)
         entries.append(shards.shard_entry(out_dir, name, rows, len(seq_ids)))
         # journalled after each shard, so a killed job resumes from the shards it finished
         finished[name] = entries[-1]["sha256"]
@@ -489,8 +491,6 @@ def _embed_pieces(lm: _Loaded, settings: _Settings, pieces: _Pieces, n_texts: in
             hidden = lm.model(**features, output_hidden_states=True).hidden_states
             pooler.add(rows, owner[rows], hidden, features["attention_mask"])
             del hidden, features
-            if settings.device.type == "cpu":
-                release_free()  # the batch's activations are free now (lmdecomp.models.heap)
             # the bar counts texts: a text is done with the batch that holds its last piece
             np.subtract.at(pieces_left, owner[rows], 1)
             bar.update(int(np.sum(pieces_left[np.unique(owner[rows])] == 0)))

@@ -10,8 +10,9 @@ blocks it keeps, batch after batch: peak RSS grew with the number of shards (2,0
 sequences: 902 → 1,021 MiB here, 1,064 → 1,264 MiB on the Intel machine), by luck of the run.
 
 :func:`fixed_heap_policy` turns the moving threshold off (``mallopt``) at 16 MiB, so the
-activations of embed's default batches (``embed.batch_tokens: 8192``: MiniLM's 12 MiB hidden
-states, a zoo model's 8 MiB attention scores) are served from the heap, and all threads share
+activations of embed's batches are served from the heap (since 2026-12-04 the default
+``embed.batch_tokens: 2048`` keeps every one of them there, MiniLM's 12 MiB feed-forward blocks
+included; at the earlier 8,192 those were 48 MiB and mapped), and all threads share
 one arena; :func:`release_free` (``malloc_trim``), which embed calls after every batch, gives
 the heap's free pages back to the kernel. Within a batch a freed block is reused without new
 page faults; between batches the heap shrinks to what is live, so the peak is one batch's
