@@ -41,8 +41,8 @@ model has and reports how many it dropped.
 layer-wise LMD. They come from the same forward pass, so they cost only the pooling.
 
 On the CPU the C heap gets a fixed policy (:mod:`lmdecomp.models.heap`): activations are reused
-from the heap within a batch and its free pages go back to the kernel after every batch, so the
-peak memory is bounded by a batch, not by the number of shards; the blocks too large for the
+from the heap within a shard and its free pages go back to the kernel after every shard, so the
+peak memory is bounded by a shard, not by the number of shards; the blocks too large for the
 heap get transparent huge pages (a page fault per 2 MiB, not per 4 KiB), where this process has
 not allocated a tensor yet.
 """

@@ -13,10 +13,13 @@ sequences: 902 → 1,021 MiB here, 1,064 → 1,264 MiB on the Intel machine), by
 activations of embed's batches are served from the heap (since 2026-12-04 the default
 ``embed.batch_tokens: 2048`` keeps every one of them there, MiniLM's 12 MiB feed-forward blocks
 included; at the earlier 8,192 those were 48 MiB and mapped), and all threads share
-one arena; :func:`release_free` (``malloc_trim``), which embed calls after every batch, gives
-the heap's free pages back to the kernel. Within a batch a freed block is reused without new
-page faults; between batches the heap shrinks to what is live, so the peak is one batch's
-working set: flat in the corpus size.
+one arena; :func:`release_free` (``malloc_trim``), which embed calls after every shard, gives
+the heap's free pages back to the kernel. Within a shard a freed block is reused without new
+page faults; between shards the heap shrinks to what is live, so the peak is one shard's
+working set: flat in the corpus size. (Until 2026-12-04 embed trimmed after every batch; at
+2,048-token batches that re-faulted the heap four times as often: ~0.5 M faults and 2.3 s of
+system time for 2,000 MiniLM sequences, against 1.2–1.7 s once per shard. Peak RSS with the
+trim per shard: 721 MiB at 2,000 and 705 at 20,000 sequences.)
 
 Measured on 2026-12-03 (Intel Xeon with AMX, 2 threads, the default's 4,000 sequences; peak RSS
 of ``bench_embed``'s 2,000 → 20,000 sequences of 32 tokens; docs/performance.md), threshold and
@@ -24,8 +27,9 @@ trim: 1 MiB without ``malloc_trim`` (the earlier policy: every large block mappe
 on each free): MiniLM 72.8 s, 39 s of it system time (page faults), RSS 891 → 893 MiB; 8 MiB
 + trim: 72.0 s, 807 → 828 MiB; **16 MiB + trim: 62.7 s, 965 → 983 MiB**; 64 MiB + trim:
 58.1 s, but 987 → 1,104 MiB (the 48 MiB feed-forward blocks fragment the heap). A zoo model:
-18.1 s → 14.0 s at 16 MiB. The policy moves blocks, not their alignment (PyTorch aligns every
-tensor to 64 bytes), so results are bit-identical. It is process-wide and lasts; other
+18.1 s → 14.0 s at 16 MiB. The policy moves blocks and leaves every result bit-identical
+(PyTorch aligns a tensor to 64 bytes, to the 4 KiB page with huge pages on; the pipeline's
+artifacts were byte-identical either way, docs/performance.md). It is process-wide and lasts; other
 libraries of the process (sentence-transformers in ``benchmarks/bench_embed.py``) get it too.
 Where the C library is not glibc it does nothing.
 
