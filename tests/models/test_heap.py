@@ -66,11 +66,11 @@ def test_the_policy_is_set_once_and_other_c_libraries_are_left_alone(monkeypatch
 
 
 # In a fresh process (PyTorch reads THP_MEM_ALLOC_ENABLE once, at its first tensor): the minor
-# page faults of filling a 48 MiB tensor (MiniLM's feed-forward block at embed's default batch),
+# page faults of filling a 48 MiB tensor (MiniLM's feed-forward block at 8,192-token batches),
 # with and without huge_pages_for_large_tensors(). Importing the pipeline's modules first must
 # not latch the switch: the workflow scripts import them before they call it.
 _FAULTS = """
-import json, os, resource, sys
+import json, resource, sys
 import torch
 import lmdecomp.models.embed, lmdecomp.mpo.finetune, lmdecomp.mpo.variants
 from lmdecomp.models import heap

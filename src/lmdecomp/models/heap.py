@@ -17,8 +17,8 @@ one arena; :func:`release_free` (``malloc_trim``), which embed calls after every
 the heap's free pages back to the kernel. Within a shard a freed block is reused without new
 page faults; between shards the heap shrinks to what is live, so the peak is one shard's
 working set: flat in the corpus size. (Until 2026-12-04 embed trimmed after every batch; at
-2,048-token batches that re-faulted the heap four times as often: ~0.5 M faults and 2.3 s of
-system time for 2,000 MiniLM sequences, against 1.2–1.7 s once per shard. Peak RSS with the
+2,048-token batches that re-faulted the heap 125 times per 2,000 MiniLM sequences: ~0.5 M faults
+and 2.8–2.9 s of system time, against 1.2–1.7 s with the trim once per shard. Peak RSS with the
 trim per shard: 721 MiB at 2,000 and 705 at 20,000 sequences.)
 
 Measured on 2026-12-03 (Intel Xeon with AMX, 2 threads, the default's 4,000 sequences; peak RSS
