@@ -6,7 +6,11 @@ measurement is its own Python process, so neither side inherits the other's heap
 thread pools, and the order within each pair is drawn at random (seeded). Each child times what
 ``bench_embed.py`` times (model load + tokenisation + forward + pooling; lmdecomp also writes its
 Parquet shards) on the same 2,000 BBC sequences of 128 tokens, on 2 threads. sentence-transformers
-runs as a user gets it: without lmdecomp's C heap policy (:mod:`lmdecomp.models.heap`).
+runs as a user gets it: without lmdecomp's C heap policy (:mod:`lmdecomp.models.heap`). Both
+children import transformers and the model's modeling module before their clock starts
+(:func:`bench_embed.import_model_code`): ``import sentence_transformers`` does it outside the
+sentence-transformers clock anyway, and until 2026-12-04 the lmdecomp child paid for it (2.5–2.8 s)
+inside its own.
 
 Per pair the ratio r = t_st / t_lmdecomp (> 1: lmdecomp is faster). Reported: every r, their
 median with a distribution-free interval from order statistics (for n = 10 pairs
@@ -43,6 +47,7 @@ def child(arm: str, sequences: Path, out: Path) -> None:
     from lmdecomp.models.sources import resolve
 
     ref = resolve(bench_embed.MODEL)
+    bench_embed.import_model_code(ref.location)  # both arms' clocks start with it imported
     if arm == "lmdecomp":
         seconds, _ = bench_embed.run_lmdecomp(ref, sequences, out, "float32")
         pooled = bench_embed.read_pooled(out)
