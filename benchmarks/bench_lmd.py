@@ -8,7 +8,7 @@ through lmdecomp.data.shards, as the embed step writes them. Joint width W = 12 
 Timed in one run, on 2 threads:
 
 * ``lmdecomp``  :func:`lmd.accumulate_moments` (one pass over all shards, one in-place dsyrk
-  per 2,048 rows of a split) + all 132 pairwise and 12 leave-one-out ridge fits
+  per 4,096 rows of a split) + all 132 pairwise and 12 leave-one-out ridge fits
   (:func:`lmd.fit_pairwise`: one Cholesky per basis model; :func:`lmd.fit_leave_one_out`: one
   inverse of the regularised joint scatter for all 12; one α = 1e-3) with R² on train/val/test.
 * ``baseline``  the straightforward per-fit implementation from embeddings held in memory
