@@ -11,6 +11,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from lmdecomp.atomic import atomic_path
+from lmdecomp.lmd.blas import syrk_lower
 from lmdecomp.lmd.errors import LMDError
 from lmdecomp.lmd.memory import check_block_memory
 from lmdecomp.lmd.moments import (
@@ -20,7 +21,6 @@ from lmdecomp.lmd.moments import (
     _columns,
     _PartCoverage,
     _symmetrise_from_lower,
-    _syrk_lower,
 )
 from lmdecomp.lmd.stream import aligned_shards
 
@@ -175,7 +175,7 @@ def accumulate_block_moments(
                 if len(rows_bs):
                     out.n[b - first, k] += len(rows_bs)
                     out.sums[b - first, k] += rows_bs.sum(axis=0)
-                    _syrk_lower(out.cross[b - first, k], rows_bs)
+                    syrk_lower(out.cross[b - first, k], rows_bs)
     for cross in out.cross.reshape(-1, out.width, out.width):
         _symmetrise_from_lower(cross)
     out.info = dict(aligned.info)

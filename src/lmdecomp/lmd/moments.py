@@ -22,9 +22,10 @@ import numpy as np
 
 # Imported at load time, not lazily: threadpoolctl (blas_threads) pins only the BLAS
 # libraries already loaded, and scipy brings its own OpenBLAS.
-from scipy.linalg.blas import dsyrk, dtrmm
+from scipy.linalg.blas import dtrmm
 
 from lmdecomp.atomic import atomic_path
+from lmdecomp.lmd.blas import syrk_lower
 from lmdecomp.lmd.errors import LMDError
 
 if TYPE_CHECKING:  # annotation only: blocks imports this module
@@ -55,17 +56,6 @@ def _columns(all_names: Sequence[str], dims: Sequence[int], names: Iterable[str]
     starts = np.cumsum([0, *dims])
     index = {name: i for i, name in enumerate(all_names)}
     return np.concatenate([np.arange(starts[index[n]], starts[index[n] + 1]) for n in names])
-
-
-def _syrk_lower(cross: np.ndarray, rows: np.ndarray) -> None:
-    """cross += rowsᵀ rows on the lower triangle of the C-ordered square ``cross``, in place: one
-    BLAS symmetric rank-k update (dsyrk), half the arithmetic of the full product. The upper
-    triangle is left as it was (:func:`_symmetrise_from_lower` completes it)."""
-    # cross.T is the same memory in Fortran order, whose upper triangle is cross's lower one;
-    # rows.T of C-ordered rows is Fortran-ordered: neither is copied.
-    out = dsyrk(1.0, rows.T, beta=1.0, c=cross.T, trans=0, lower=0, overwrite_c=1)
-    if not np.shares_memory(out, cross):
-        raise LMDError("internal: dsyrk did not update the cross-product in place")
 
 
 def _quadratic_forms(scatter: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -141,7 +131,7 @@ class Moments:
                            f"{self.names}; got shape {x.shape}")
         self.n[split] += x.shape[0]
         self.sums[split] += x.sum(axis=0)
-        _syrk_lower(self.cross[split], x)
+        syrk_lower(self.cross[split], x)  # the GIL released: the pass's reader runs meanwhile
 
     def merge(self, other: "Moments") -> "Moments":
         if other.names != self.names or other.dims != self.dims:
