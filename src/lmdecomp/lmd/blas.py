@@ -8,6 +8,9 @@ calls then wait for every update to finish, so reading and updating ran one afte
 Measured 2026-12-04 (Intel Xeon with AMX, 2 threads, 12 models × 768 at N = 50,000): the pass
 waited 7–9 s of its ~58 s for the reader, which needs about 8 s on its own; a pure-Python thread
 counted 48 thousand loops during a 2.4 s ``dsyrk`` and 35 million in the same time after it.
+With the GIL released the pass still waits ~7 s (the reader, a third thread on two busy cores,
+is starved of CPU), and its time moved within noise: 54.9 / 55.3 / 59.9 s against 57.0 / 58.6 /
+58.6 s with the GIL held (docs/performance.md).
 
 :func:`syrk_lower` calls the same routine of the same library, scipy's OpenBLAS, through the C
 function pointer that ``scipy.linalg.cython_blas`` exports, with ctypes, which releases the GIL
