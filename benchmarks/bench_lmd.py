@@ -213,11 +213,14 @@ def bound_flops(rows: int, models: int, dim: int) -> dict[str, float]:
     moments of train, val, test: one syrk           rows·W²  (the floor's F)
     joint inverse: Cholesky W³/3 + inverse 2W³/3    W³
     leave-one-out scores, val + test (one triangle)  2·Σ_m q·W² = 2·W³
-    leave-one-out residual maps (2 trsm per target)  2·q·W²
+    leave-one-out residual maps P_mm⁻¹ P_m·          2·q·W²
     pairwise, per basis: Cholesky, solve, scores    M·(p³/3 + 2·p²(W−p) + 2·p²(W−p))
     =============================================  ==========================
 
-    A syrk or trmm counts half the 2·m·n·k of a full product, as LAPACK/BLAS do."""
+    A syrk or trmm counts half the 2·m·n·k of a full product, as LAPACK/BLAS do. This is the
+    least arithmetic, not lmdecomp's own: its pairwise scores are full dgemms (twice the flops
+    of the triangular product, at about twice its rate on 768-wide blocks), charged here at
+    the triangle's count."""
     width = models * dim
     terms = {
         "moments_syrk": float(rows) * width**2,

@@ -8,7 +8,7 @@ import pytest
 
 from lmd_helpers import _three_models
 from lmdecomp import lmd
-from lmdecomp.lmd.moments import _quadratic_forms, _sub, _symmetrise_from_lower
+from lmdecomp.lmd.moments import _column_dots, _quadratic_form_sum, _sub, _symmetrise_from_lower
 
 
 @pytest.mark.parametrize("width,block", [(700, 512), (1030, 512), (20, 7), (7, 7)])
@@ -22,17 +22,25 @@ def test_symmetrise_from_lower_across_row_bands(width, block):
 
 
 @pytest.mark.parametrize("rows,width", [(5, 40), (1, 1), (3, 7)])
-def test_quadratic_forms_from_one_triangle_equal_the_full_products(rows, width):
-    """r S rᵀ per row from S's lower triangle (dtrmm) against an explicit float64 loop over
-    i, j — on a contiguous S and on a block view of a larger scatter, as the pairwise fits
-    pass it."""
+def test_quadratic_form_sum_from_one_triangle_equals_the_full_products(rows, width):
+    """Σ_rows r S rᵀ from S's lower triangle (dtrmm) against an explicit float64 loop over the
+    rows and i, j — on a contiguous S and on a block view of a larger scatter."""
     rng = np.random.default_rng(width)
     big = rng.normal(size=(width + 9, width + 9))
     big = big + big.T
     r = rng.normal(size=(rows, width))
     for scatter in (np.ascontiguousarray(big[3:3 + width, 3:3 + width]), big[3:3 + width, 3:3 + width]):
-        expected = [sum(row[i] * scatter[i, j] * row[j] for i in range(width) for j in range(width)) for row in r]
-        np.testing.assert_allclose(_quadratic_forms(scatter, r), expected, rtol=1e-12, atol=1e-12)
+        expected = sum(row[i] * scatter[i, j] * row[j] for row in r for i in range(width) for j in range(width))
+        np.testing.assert_allclose(_quadratic_form_sum(scatter, r), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rows,cols", [([0, 1, 2], [3, 4, 8, 9]), ([5, 0, 1], [2, 7, 3]), (list(range(10)), [4])])
+def test_column_dots_over_model_blocks_equal_an_explicit_loop(rows, cols):
+    """Σ_i a[i, k] · M[rows[i], cols[k]], read run by run from views of M, against a loop."""
+    rng = np.random.default_rng(len(rows))
+    matrix, a = rng.normal(size=(10, 10)), rng.normal(size=(len(rows), len(cols)))
+    expected = [sum(a[i, k] * matrix[r, c] for i, r in enumerate(rows)) for k, c in enumerate(cols)]
+    np.testing.assert_allclose(_column_dots(a, matrix, np.array(rows), np.array(cols)), expected, rtol=1e-13)
 
 
 def test_scatter_blocks_without_the_centred_scatter():

@@ -7,62 +7,48 @@ from typing import Sequence
 
 import numpy as np
 
-# Imported at load time, not lazily: threadpoolctl (blas_threads) pins only the BLAS
-# libraries already loaded, and scipy brings its own OpenBLAS.
-from scipy.linalg.blas import dtrsm
-from scipy.linalg.lapack import dpotrf, dpotri
-
 from lmdecomp.lmd.alpha import _alpha_grid, warn_if_alpha_at_grid_edge
 from lmdecomp.lmd.errors import LMDError
 from lmdecomp.lmd.fits import (
     _check_least_squares,
     _check_moments_basis,
-    _check_pivots,
     _check_two_models,
+    _cholesky_inverse,
     _ridge_solve,
     _sst,
     fit_ridge,
     ridge_penalty,
 )
-from lmdecomp.lmd.moments import (
-    SPLITS,
-    Moments,
-    _quadratic_forms,
-    _symmetrise_from_lower,
-)
+from lmdecomp.lmd.moments import SPLITS, Moments, _quadratic_form_sum
 
 
 def _ridge_inverse(moments: Moments, penalty: np.ndarray, band: int = 64) -> np.ndarray:
     """(S + diag λ)⁻¹ of the train scatter S = C − n μμᵀ, as a full symmetric C-ordered matrix:
-    S + diag λ written once, a band of rows at a time, into the array that one Cholesky (dpotrf)
-    and its inverse (dpotri) then overwrite. Raises LMDError if it is not positive definite or,
-    at α = 0, singular to float32 precision (:func:`_check_pivots`)."""
+    the lower triangle of S + diag λ written once, a band of rows at a time, into the array that
+    one Cholesky and its inverse then overwrite (:func:`~lmdecomp.lmd.fits._cholesky_inverse`,
+    which reads nothing else). Raises LMDError if it is not positive definite or, at α = 0,
+    singular to float32 precision (:func:`~lmdecomp.lmd.fits._check_pivots`)."""
     cross = moments.cross["train"]
     root_n_mean = moments.root_n_mean("train")
     a = np.empty_like(cross)
     for lo in range(0, len(a), band):  # −n μμᵀ band by band: no width² temporary
-        np.multiply.outer(root_n_mean[lo:lo + band], -root_n_mean, out=a[lo:lo + band])
-        a[lo:lo + band] += cross[lo:lo + band]
+        hi = min(lo + band, len(a))
+        np.multiply.outer(root_n_mean[lo:hi], -root_n_mean[:hi], out=a[lo:hi, :hi])
+        a[lo:hi, :hi] += cross[lo:hi, :hi]
     a[np.diag_indices_from(a)] += penalty
-    # a is C-ordered and symmetric, so its transpose is the same matrix in Fortran order: LAPACK
-    # works on it in place, and the triangle it fills is the lower one of ``a``.
-    factor, info = dpotrf(a.T, lower=0, clean=0, overwrite_a=1)
-    if info == 0 and not np.any(penalty):
-        _check_pivots(np.diagonal(factor), np.diagonal(cross), "the joint covariance",
-                      [f"{name}[{k}]" for name, dim in zip(moments.names, moments.dims) for k in range(dim)])
-    if info == 0:
-        inverse, info = dpotri(factor, lower=0, overwrite_c=1)
-    if info != 0:
+    check = not np.any(penalty)
+    names = [f"{name}[{k}]" for name, dim in zip(moments.names, moments.dims) for k in range(dim)] if check else None
+    inverse = _cholesky_inverse(a, np.diagonal(cross), "the joint covariance", check, names)
+    if inverse is None:
         raise LMDError("the joint covariance plus ridge is not positive definite")
-    out = inverse.T
-    _symmetrise_from_lower(out)
-    return out
+    return inverse
 
 
 def _singular_models(moments: Moments) -> set[str]:
-    """Models whose own train scatter is singular to float32 precision (:func:`_check_pivots`).
-    At α = 0 every basis holding one is too: a column that the rest of its model explains is
-    explained at least as well by a larger basis. Costs one small Cholesky per model."""
+    """Models whose own train scatter is singular to float32 precision
+    (:func:`~lmdecomp.lmd.fits._check_pivots`). At α = 0 every basis holding one is too: a
+    column that the rest of its model explains is explained at least as well by a larger basis.
+    Costs one small Cholesky per model."""
     singular = set()
     for name in moments.names:
         cols = moments.columns([name])
@@ -76,20 +62,13 @@ def _singular_models(moments: Moments) -> set[str]:
 
 def _loo_residual_map(inverse: np.ndarray, block: slice) -> np.ndarray:
     """Rᵀ = P_mm⁻¹ P_m· (q × width, C order) of :func:`fit_leave_one_out` for target block m of
-    the symmetric P = ``inverse``.
-
-    Solved as its transpose R = P_·m L⁻ᵀ L⁻¹ (P_mm = L Lᵀ, two triangular solves from the right):
-    C-ordered Rᵀ is Fortran-ordered R, so the result needs no transposing copy, and the scores'
-    products read it in the order they want."""
-    factor, info = dpotrf(inverse[block, block], lower=1, clean=1)
-    if info != 0:
+    the symmetric P = ``inverse``: the q × q inverse of P_mm times the rows P_m·, one dgemm
+    (twice the rate of two triangular solves with P_mm's factor; see
+    :func:`~lmdecomp.lmd.fits._ridge_solve`)."""
+    inverse_mm = _cholesky_inverse(inverse[block, block].copy(), np.diagonal(inverse)[block], "P_mm", False)
+    if inverse_mm is None:
         raise LMDError("internal: a diagonal block of the joint inverse is not positive definite")
-    residual_t = inverse[block].copy()  # C-ordered P_m·; its transpose is P_·m in Fortran order
-    for transposed in (1, 0):  # · L⁻ᵀ, then · L⁻¹
-        out = dtrsm(1.0, factor, residual_t.T, side=1, lower=1, trans_a=transposed, overwrite_b=1)
-        if not np.shares_memory(out, residual_t):
-            raise LMDError("internal: dtrsm did not solve in place")
-    return residual_t
+    return inverse_mm @ inverse[block]
 
 
 def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> list[dict]:
@@ -108,7 +87,7 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
     SSE = Σ (Rᵀ S)∘Rᵀ + n ‖Rᵀ(μ − μ_train)‖²; on train, where W(S_rr + diag λ_r) = S_mr,
     SSE = Σ Rᵀ∘S_m· − Σ_i λ_i ‖W_·i‖² needs no product with S. Cost per α: one Cholesky
     inverse of the joint width plus, per target and held-out split, one triangular
-    width² × q product (:func:`_quadratic_forms`), instead of a fresh Cholesky of the basis
+    width² × q product (:func:`_quadratic_form_sum`), instead of a fresh Cholesky of the basis
     width per target."""
     grid = _alpha_grid(alpha)
     strict = grid is None
@@ -226,11 +205,11 @@ def _residual_r2(moments: Moments, split: str, target: str, block: slice, residu
         if split != "train":
             raise LMDError("internal: the penalty shortcut holds on the train split only")
         scatter_rows = moments.scatter_block("train", target_cols, np.arange(moments.width))
-        sse = np.sum(residual_t * scatter_rows) - np.sum(train_penalty * residual_t**2)
+        sse = np.vdot(residual_t, scatter_rows) - train_penalty @ np.einsum("ij,ij->j", residual_t, residual_t)
     else:
         residual_mean = residual_t @ mean
         offset = residual_t @ (mean - moments.mean("train"))
-        sse = (np.sum(_quadratic_forms(moments.cross[split], residual_t)) - n * residual_mean @ residual_mean
+        sse = (_quadratic_form_sum(moments.cross[split], residual_t) - n * residual_mean @ residual_mean
                + n * offset @ offset)
     return float(1.0 - sse / sst)
 

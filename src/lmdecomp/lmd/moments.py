@@ -58,17 +58,20 @@ def _columns(all_names: Sequence[str], dims: Sequence[int], names: Iterable[str]
     return np.concatenate([np.arange(starts[index[n]], starts[index[n] + 1]) for n in names])
 
 
-def _quadratic_forms(scatter: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """r S rᵀ for every row r of ``rows`` (k × w, C order), S = ``scatter`` symmetric (w × w).
+def _quadratic_form_sum(scatter: np.ndarray, rows: np.ndarray) -> float:
+    """Σ_i r_i S r_iᵀ over the rows r_i of ``rows`` (k × w, C order), S = ``scatter`` symmetric
+    (w × w): a leave-one-out fit's held-out residual sum of squares.
 
     With S = T + Tᵀ − D (T its lower triangle with the diagonal, D the diagonal),
-    r S rᵀ = 2 r T rᵀ − Σ_j S_jj r_j²: one triangular product (dtrmm), half the arithmetic of
-    ``rows @ S``. This is the held-out scoring of every fit, the largest cost after the moments."""
+    Σ_i r_i S r_iᵀ = 2 Σ (T Rᵀ)ᵀ∘R − Σ_j S_jj Σ_i r_ij²: one triangular product (dtrmm), half the
+    arithmetic of ``rows @ S``, and two whole-array reductions. After the moments, the largest
+    cost of the fits."""
+    rows = np.ascontiguousarray(rows)
     # rows.T is rows' own memory in Fortran order (w × k), and scatter.T is S itself (symmetric)
-    # in Fortran order, so BLAS reads both without a transposing copy.
-    lower_times_rows = dtrmm(1.0, scatter.T, np.ascontiguousarray(rows).T, side=0, lower=1)  # T rᵀ, w × k
-    return (2.0 * np.einsum("ij,ij->i", lower_times_rows.T, rows)
-            - np.einsum("ij,ij,j->i", rows, rows, np.diagonal(scatter)))
+    # in Fortran order, so BLAS reads both without a transposing copy; the product's transpose
+    # is C-ordered like rows, so the two are dotted as flat arrays.
+    lower_times_rows = dtrmm(1.0, scatter.T, rows.T, side=0, lower=1)  # T Rᵀ, w × k
+    return float(2.0 * np.vdot(lower_times_rows.T, rows) - np.diagonal(scatter) @ np.einsum("ij,ij->j", rows, rows))
 
 
 def _symmetrise_from_lower(a: np.ndarray, block: int = 512) -> None:
@@ -243,6 +246,21 @@ def _sub(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray, max_runs: int =
     for at_rows, src_rows in row_runs:
         for at_cols, src_cols in col_runs:
             out[..., at_rows, at_cols] = matrix[..., src_rows, src_cols]
+    return out
+
+
+def _column_dots(a: np.ndarray, matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Σ_i a[i, k] · matrix[rows[i], cols[k]] for every k: the column-wise dot products of ``a``
+    (len(rows) × len(cols)) with the block ``matrix[rows][:, cols]``, summed run by run over
+    views of ``matrix`` where the indices are a few runs (model blocks), so the block is never
+    copied (as :func:`_sub` would copy it)."""
+    row_runs, col_runs = _runs(rows), _runs(cols)
+    if len(row_runs) * len(col_runs) > 64:
+        return np.einsum("ij,ij->j", a, _sub(matrix, rows, cols))
+    out = np.zeros(len(cols))
+    for at_rows, src_rows in row_runs:
+        for at_cols, src_cols in col_runs:
+            out[at_cols] += np.einsum("ij,ij->j", a[at_rows, at_cols], matrix[src_rows, src_cols])
     return out
 
 
