@@ -18,8 +18,12 @@
    weighs flops and the memory traffic of each path, :meth:`MPOLinear.cost`); the other
    path is timed too when its flop estimate is within 4× of the dense one, so the table
    shows where flops alone would pick the slower path. The modules are timed in PAIRS
-   back-to-back pairs, the order alternating (nn.Linear first in even pairs, MPOLinear
-   first in odd ones), each time the median of the repeats; a ratio is taken per pair.
+   pairs, each side the median of its repeats; within a pair the two modules' calls
+   interleave (nn.Linear first in even pairs, MPOLinear first in odd ones), and a ratio is
+   taken per pair. The process asks PyTorch for transparent huge pages on large tensors,
+   as the pipeline's training scripts do (``workflow/scripts/variant.py``, ``finetune.py``;
+   :func:`lmdecomp.models.heap.huge_pages_for_large_tensors`): both modules' W-sized and
+   output-sized buffers then cost a page fault per 2 MiB, not per 4 KiB.
 3. Memory of training at ~10 % of the parameters (:func:`training_memory`): after one
    AdamW step, the bytes of the parameters, their gradients and the optimizer state
    (``exp_avg``, ``exp_avg_sq``, ``step``) of each module, and the peak of the step
@@ -54,6 +58,10 @@ from pathlib import Path
 # Both libraries get the same two threads (set before numpy/torch load their BLAS).
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "2")
+
+from lmdecomp.models import heap  # noqa: E402
+
+heap.huge_pages_for_large_tensors()  # before the first tensor, as the training scripts do
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -165,30 +173,41 @@ def bond_cap_for_fraction(weight: torch.Tensor, fraction: float) -> int:
     return min(range(1, max(full) + 1), key=lambda cap: abs(params(cap) - fraction * weight.numel()))
 
 
+def fwd_bwd_seconds(module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> float:
+    """Seconds of one forward + backward; ``x`` requires grad, so the input gradient is part
+    of the backward."""
+    module.zero_grad(set_to_none=True)
+    x.grad = None
+    start = time.perf_counter()
+    module(x).backward(grad)
+    return time.perf_counter() - start
+
+
 def time_fwd_bwd(module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, repeats: int) -> float:
-    """Median seconds of one forward + backward (after one warm-up call); ``x`` requires
-    grad, so the input gradient is part of the backward."""
-    samples = []
-    for step in range(repeats + 1):
-        module.zero_grad(set_to_none=True)
-        x.grad = None
-        start = time.perf_counter()
-        module(x).backward(grad)
-        if step:
-            samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    """Median seconds of one forward + backward, after one warm-up call."""
+    fwd_bwd_seconds(module, x, grad)
+    return statistics.median(fwd_bwd_seconds(module, x, grad) for _ in range(repeats))
 
 
 def timed_pairs(dense: torch.nn.Module, layer: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor,
                 repeats: int) -> tuple[list[float], list[float]]:
-    """PAIRS back-to-back (nn.Linear, MPOLinear) timings, the order alternating so that
-    drifting load, warm caches and whichever runs second are shared alike."""
+    """PAIRS (nn.Linear, MPOLinear) timings, each side the median of ``repeats`` calls. Within
+    a pair the two modules' calls interleave (A B A B …, the order alternating from pair to
+    pair), so a drift of the host's speed during the pair reaches both sides alike. Timing
+    all of one module's repeats and then the other's let a drift of a few seconds decide the
+    pair: on the idle AMD EPYC of 2026-12-05, pairs of 0.95–1.15 (up to 1.83 once) around a
+    median of 1.05, against 1.03–1.08 interleaved."""
     t_dense, t_layer = [], []
+    for module in (dense, layer):  # warm-up
+        fwd_bwd_seconds(module, x, grad)
     for pair in range(PAIRS):
         order = (dense, layer) if pair % 2 == 0 else (layer, dense)
-        seconds = {id(m): time_fwd_bwd(m, x, grad, repeats) for m in order}
-        t_dense.append(seconds[id(dense)])
-        t_layer.append(seconds[id(layer)])
+        samples: dict[int, list[float]] = {id(m): [] for m in order}
+        for _ in range(repeats):
+            for module in order:
+                samples[id(module)].append(fwd_bwd_seconds(module, x, grad))
+        t_dense.append(statistics.median(samples[id(dense)]))
+        t_layer.append(statistics.median(samples[id(layer)]))
     return t_dense, t_layer
 
 
@@ -370,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             "decomposition_repeats": decomp_repeats,
             "fwd_bwd_repeats": fb_repeats,
             "pairs": PAIRS,
+            "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "load_average": os.getloadavg(),
         },
