@@ -195,8 +195,8 @@ def timed_pairs(dense: torch.nn.Module, layer: torch.nn.Module, x: torch.Tensor,
     a pair the two modules' calls interleave (A B A B …, the order alternating from pair to
     pair), so a drift of the host's speed during the pair reaches both sides alike. Timing
     all of one module's repeats and then the other's let a drift of a few seconds decide the
-    pair: on the idle AMD EPYC of 2026-12-05, pairs of 0.95–1.15 (up to 1.83 once) around a
-    median of 1.05, against 1.03–1.08 interleaved."""
+    pair: on the idle AMD EPYC of 2026-12-05, the worst of 10 such pairs was 1.15, 1.83 and
+    1.16 in three runs, against 1.08 and 1.11 interleaved (medians 0.99–1.08 and 1.06)."""
     t_dense, t_layer = [], []
     for module in (dense, layer):  # warm-up
         fwd_bwd_seconds(module, x, grad)
