@@ -219,7 +219,8 @@ def bound_flops(rows: int, models: int, dim: int) -> dict[str, float]:
 
     A syrk or trmm counts half the 2·m·n·k of a full product, as LAPACK/BLAS do. This is the
     least arithmetic, not lmdecomp's own: its pairwise scores are full dgemms (twice the flops
-    of the triangular product, at about twice its rate on 768-wide blocks), charged here at
+    of the triangular product, at about twice its rate on 768-wide blocks on the Intel Xeon with
+    AMX, 2026-12-05), charged here at
     the triangle's count."""
     width = models * dim
     terms = {

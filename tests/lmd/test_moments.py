@@ -34,11 +34,14 @@ def test_quadratic_form_sum_from_one_triangle_equals_the_full_products(rows, wid
         np.testing.assert_allclose(_quadratic_form_sum(scatter, r), expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("rows,cols", [([0, 1, 2], [3, 4, 8, 9]), ([5, 0, 1], [2, 7, 3]), (list(range(10)), [4])])
+@pytest.mark.parametrize("rows,cols", [
+    ([0, 1, 2], [3, 4, 8, 9]), ([5, 0, 1], [2, 7, 3]), (list(range(10)), [4]),
+    (list(range(0, 20, 2)), list(range(1, 20, 2))),  # 10 × 10 runs: the gathered-copy path
+])
 def test_column_dots_over_model_blocks_equal_an_explicit_loop(rows, cols):
     """Σ_i a[i, k] · M[rows[i], cols[k]], read run by run from views of M, against a loop."""
     rng = np.random.default_rng(len(rows))
-    matrix, a = rng.normal(size=(10, 10)), rng.normal(size=(len(rows), len(cols)))
+    matrix, a = rng.normal(size=(20, 20)), rng.normal(size=(len(rows), len(cols)))
     expected = [sum(a[i, k] * matrix[r, c] for i, r in enumerate(rows)) for k, c in enumerate(cols)]
     np.testing.assert_allclose(_column_dots(a, matrix, np.array(rows), np.array(cols)), expected, rtol=1e-13)
 
