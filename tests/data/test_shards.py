@@ -56,6 +56,37 @@ def test_vectors_are_stored_without_a_dictionary_and_splits_with_one(tmp_path):
         assert chunks["split"].has_dictionary_page
 
 
+def test_vectors_are_non_nullable_lz4_and_polars_reads_them(tmp_path):
+    """No definition level per float (the vectors are never null) and lz4, the cheaper codec to
+    decode; another Parquet reader gets the same numbers back."""
+    import polars as pl
+
+    _, _, emb = make_folder(tmp_path)
+    path = tmp_path / "part-00000.parquet"
+    field = pq.read_schema(path).field("embedding")
+    assert not field.nullable and not field.type.value_field.nullable
+    column = pq.ParquetFile(path).metadata.row_group(0).column(2)
+    assert column.path_in_schema == "embedding.list.element"
+    assert column.compression == "LZ4" and column.statistics.null_count == 0
+    np.testing.assert_array_equal(np.stack(pl.read_parquet(path)["embedding"].to_list()).astype(np.float32), emb[:20])
+
+
+def test_shards_written_nullable_with_zstd_still_read(tmp_path):
+    """Shards from before 2026-12-06 (nullable vectors, zstd) are the same schema version: the
+    reader takes both."""
+    ids, splits, emb = make_folder(tmp_path, rows=20)
+    path = tmp_path / "part-00000.parquet"
+    vector = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), 8)
+    pq.write_table(pa.table({"seq_id": ids, "split": splits, "embedding": vector}), path, compression="zstd")
+    assert pq.read_schema(path).field("embedding").nullable
+    entry = shards.shard_entry(tmp_path, path.name, len(ids))
+    shards.write_manifest(tmp_path, {"schema_version": shards.SCHEMA_VERSION, "model": "m", "dim": 8,
+                                     "rows": 20, "shards": [entry]})
+    (part,) = shards.iter_shards(tmp_path)
+    np.testing.assert_array_equal(part.embedding, emb)
+    np.testing.assert_array_equal(part.seq_id, ids)
+
+
 def test_truncated_shard_is_caught_by_checksum(tmp_path):
     make_folder(tmp_path)
     path = tmp_path / "part-00001.parquet"
