@@ -159,3 +159,36 @@ def test_read_ahead_reads_at_most_one_item_ahead_and_stops_with_the_caller():
     assert [next(reader), next(reader)] == [0, 1]
     reader.close()  # the caller stops early: the worker finishes its one read ahead and exits
     assert pulled == [0, 1, 2]
+
+
+def test_background_updates_overlap_the_next_gather_and_raise_in_the_caller(monkeypatch):
+    """A flush returns while its rank-k update still runs, with a different buffer for the
+    caller to fill (the rows being added are never overwritten); the updates run in flush order;
+    an update's exception reaches the caller."""
+    import threading
+
+    moments = lmd.Moments(["a"], [3])
+    started, release, added = threading.Event(), threading.Event(), []
+
+    def slow_add(self, s, x):
+        started.set()
+        assert release.wait(timeout=10)
+        added.append((s, x.copy()))
+        if s == "test":
+            raise lmd.LMDError("update failed")
+
+    monkeypatch.setattr(lmd.Moments, "_add", slow_add)
+    updates = lmd.stream._BackgroundUpdates(moments, flush_rows=2)
+    with pytest.raises(lmd.LMDError, match="update failed"):
+        with updates:
+            first = updates.buffers["train"]
+            first[:] = 1.0
+            updates.flush("train", 2)
+            assert started.wait(timeout=10) and not added  # flush returned, the update is running
+            assert updates.buffers["train"] is not first
+            updates.buffers["train"][:] = 2.0  # the caller fills the next rows meanwhile
+            release.set()
+            updates.flush("train", 1)
+            updates.flush("test", 2)
+    assert [(s, x.tolist()) for s, x in added] == [("train", [[1.0] * 3] * 2), ("train", [[2.0] * 3]),
+                                                   ("test", added[2][1].tolist())]

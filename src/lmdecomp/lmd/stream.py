@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, TypeVar
@@ -163,6 +163,57 @@ def aligned_shards(
     return AlignedShards(names, dims, n_shards, read_ahead(groups()), info, [0, *np.cumsum(sequences).tolist()])
 
 
+class _BackgroundUpdates:
+    """The pass's rank-k updates (:meth:`Moments._add`) run one at a time, in order, on a worker
+    thread, while the caller gathers the next rows into another buffer: gathering on the
+    caller's thread between updates left both BLAS cores idle for it (about 3 s of a 60 s pass,
+    N = 50,000). The same updates in the same order: the same bits.
+
+    ``buffers[s]`` is the buffer the caller fills for split s. One buffer more than the splits
+    (each flush_rows × width float64, allocated once: a fresh width-wide array costs its page
+    faults again every time) lets the caller fill one while the worker reads another."""
+
+    def __init__(self, moments: Moments, flush_rows: int) -> None:
+        self.moments = moments
+        self.buffers = {s: np.empty((flush_rows, moments.width)) for s in SPLITS}
+        self.spare = np.empty((flush_rows, moments.width))
+        self.pending: Future | None = None
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmd-rank-k")
+
+    def flush(self, split: str, rows: int) -> None:
+        """Hand the first ``rows`` rows of ``buffers[split]`` to the worker; the caller's buffer
+        for the split is then the spare one, once the update before is done with it."""
+        if not rows:
+            return
+        full = self.buffers[split]
+        self._wait()
+        self.pending = self.worker.submit(self.moments._add, split, full[:rows])
+        self.buffers[split], self.spare = self.spare, full
+
+    def _wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()  # an update's exception reaches the caller here
+
+    def __enter__(self) -> "_BackgroundUpdates":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if exc[0] is None:
+                self._wait()
+        finally:
+            self.worker.shutdown(wait=True)
+
+
+def _symmetrise_all(moments: Moments) -> None:
+    """Each split's cross-product made symmetric from its lower triangle, the three on two
+    threads (numpy's strided copies release the GIL): about 1 s of a pass on one core."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lmd-symmetrise") as pool:
+        for done in [pool.submit(_symmetrise_from_lower, moments.cross[s]) for s in SPLITS]:
+            done.result()
+
+
 def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False, flush_rows: int = 4096,
                        shard_range: tuple[int, int] | None = None, group_shards: int | None = None) -> Moments:
     """One streaming pass over the shards of all models, aligned on seq_id, into :class:`Moments`:
@@ -193,32 +244,26 @@ def accumulate_moments(folders: Mapping[str, str | Path], progress: bool = False
     # and writes the whole width² triangle, so a few hundred rows per update would cost as
     # much in memory traffic as in arithmetic. 4,096 rather than 2,048 (2026-12-04, Intel Xeon
     # with AMX, 12 models × 768 at N = 50,000, three alternating pairs): the pass 60.0–61.1 s
-    # → 54.9–56.0 s; 8,192 ran as 4,096 and would double the buffers again. The buffers live
-    # for the whole pass (3 × flush_rows × width float64): a fresh width-wide array per shard
-    # costs its page faults again every time.
-    buffers = {s: np.empty((flush_rows, moments.width)) for s in SPLITS}
+    # → 54.9–56.0 s; 8,192 ran as 4,096 and would double the buffers again.
+    updates = _BackgroundUpdates(moments, flush_rows)
     filled = dict.fromkeys(SPLITS, 0)
-
-    def flush(s):
-        if filled[s]:
-            moments._add(s, buffers[s][:filled[s]])
-            filled[s] = 0
-
-    for group in tqdm(aligned.groups, total=aligned.n_shards, desc="moments", unit="shard", disable=not progress):
+    with updates:
+        for group in tqdm(aligned.groups, total=aligned.n_shards, desc="moments", unit="shard", disable=not progress):
+            for s in SPLITS:
+                index = np.flatnonzero(group.split == s)
+                # Top the buffer up to exactly flush_rows before each update and carry the rest of
+                # the shard's rows over: flushing a shard's ~0.8 × flush_rows train rows on their own
+                # made a fifth more updates, each reading and writing the whole width² triangle.
+                while len(index):
+                    part, index = index[:flush_rows - filled[s]], index[flush_rows - filled[s]:]
+                    group.gather(part, updates.buffers[s][filled[s]:filled[s] + len(part)])
+                    filled[s] += len(part)
+                    if filled[s] == flush_rows:
+                        updates.flush(s, filled[s])
+                        filled[s] = 0
         for s in SPLITS:
-            index = np.flatnonzero(group.split == s)
-            # Top the buffer up to exactly flush_rows before each update and carry the rest of
-            # the shard's rows over: flushing a shard's ~0.8 × flush_rows train rows on their own
-            # made a fifth more updates, each reading and writing the whole width² triangle.
-            while len(index):
-                part, index = index[:flush_rows - filled[s]], index[flush_rows - filled[s]:]
-                group.gather(part, buffers[s][filled[s]:filled[s] + len(part)])
-                filled[s] += len(part)
-                if filled[s] == flush_rows:
-                    flush(s)
-    for s in SPLITS:
-        flush(s)
-        _symmetrise_from_lower(moments.cross[s])
+            updates.flush(s, filled[s])
+    _symmetrise_all(moments)
     moments.info = dict(aligned.info)
     if shard_range is not None:
         moments.info.update(shard_range=[int(v) for v in shard_range], n_shards=int(aligned.n_shards))
