@@ -204,8 +204,9 @@ def _residual_r2(moments: Moments, split: str, target: str, block: slice, residu
     if train_penalty is not None:
         if split != "train":
             raise LMDError("internal: the penalty shortcut holds on the train split only")
-        scatter_rows = moments.scatter_block("train", target_cols, np.arange(moments.width))
-        sse = np.vdot(residual_t, scatter_rows) - train_penalty @ np.einsum("ij,ij->j", residual_t, residual_t)
+        # Σ Rᵀ∘S_m· with S_m· = C_m· − n μ_m μᵀ, from the rows C_m· in place: Σ Rᵀ∘(μ_m μᵀ) = μ_m·(Rᵀμ)
+        sse = (np.vdot(residual_t, moments.cross["train"][block]) - n * mean[block] @ (residual_t @ mean)
+               - train_penalty @ np.einsum("ij,ij->j", residual_t, residual_t))
     else:
         residual_mean = residual_t @ mean
         offset = residual_t @ (mean - moments.mean("train"))
