@@ -189,6 +189,7 @@ def test_background_updates_overlap_the_next_gather_and_raise_in_the_caller(monk
             updates.buffers["train"][:] = 2.0  # the caller fills the next rows meanwhile
             release.set()
             updates.flush("train", 1)
+            updates.buffers["test"][:] = 3.0
             updates.flush("test", 2)
     assert [(s, x.tolist()) for s, x in added] == [("train", [[1.0] * 3] * 2), ("train", [[2.0] * 3]),
-                                                   ("test", added[2][1].tolist())]
+                                                   ("test", [[3.0] * 3] * 2)]

@@ -9,12 +9,12 @@ A model's folder holds ``part-NNNNN.parquet`` files with columns
     hidden_K   fixed_size_list<float32>[dim]    hidden state K of ``embed.layers`` (K ≥ 0), if any
 
 A row is a sequence, or with ``granularity: word`` a word (seq_id, word_idx) of a sequence;
-rows are sorted by that key. Vectors are non-nullable and shards lz4-compressed (:func:`vector_type`).
-``manifest.json`` holds model, source, revision, weights hash,
-layer, layers, granularity, pooling, dim, rows, tokens, ``schema_version``, and per shard its
-file name, rows, sequences and sha256. Shards are
-written atomically and the manifest last, so a folder without a manifest is unfinished.
-Readers verify every shard against the manifest's checksum before using it.
+rows are sorted by that key. Vectors are non-nullable and shards lz4-compressed
+(:func:`vector_type`). ``manifest.json`` holds model, source, revision, weights hash, layer,
+layers, granularity, pooling, dim, rows, tokens, ``schema_version``, and per shard its file
+name, rows, sequences and sha256. Shards are written atomically and the manifest last, so a
+folder without a manifest is unfinished. Readers verify every shard against the manifest's
+checksum before using it.
 """
 
 from __future__ import annotations
