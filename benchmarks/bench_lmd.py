@@ -52,6 +52,7 @@ from pathlib import Path
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "2")
 
+import lmdecomp  # noqa: E402,F401  first: its OPENBLAS_THREAD_TIMEOUT must reach numpy's OpenBLAS too
 import numpy as np  # noqa: E402
 from peak_memory import peak_rss_mib  # noqa: E402
 from scipy.linalg.blas import dsyrk  # noqa: E402
@@ -214,21 +215,21 @@ def bound_flops(rows: int, models: int, dim: int) -> dict[str, float]:
     joint inverse: Cholesky W³/3 + inverse 2W³/3    W³
     leave-one-out scores, val + test (one triangle)  2·Σ_m q·W² = 2·W³
     leave-one-out residual maps P_mm⁻¹ P_m·          2·q·W²
-    pairwise, per basis: Cholesky, solve, scores    M·(p³/3 + 2·p²(W−p) + 2·p²(W−p))
+    pairwise, per basis: Cholesky, solve, scores    M·(p³/3 + 2·p²(W−p) + p²(W−p))
     =============================================  ==========================
 
     A syrk or trmm counts half the 2·m·n·k of a full product, as LAPACK/BLAS do. This is the
-    least arithmetic, not lmdecomp's own: its pairwise scores are full dgemms (twice the flops
-    of the triangular product, at about twice its rate on 768-wide blocks on the Intel Xeon with
-    AMX, 2026-12-05), charged here at
-    the triangle's count."""
+    least arithmetic, not lmdecomp's own (its inverses are Cholesky plus inverse, and its
+    leave-one-out residual maps dgemms). The pairwise held-out scores are one syrk of each
+    target's weights, p²·q, shared by val and test (each split then needs only an elementwise
+    trace, tr(C_zz H_k)); until 2026-12-06 they were a product per split, 2·p²(W−p) here."""
     width = models * dim
     terms = {
         "moments_syrk": float(rows) * width**2,
         "joint_inverse": float(width) ** 3,
         "loo_scores": 2.0 * width**3,
         "loo_residual_maps": 2.0 * dim * width**2,
-        "pairwise": models * (dim**3 / 3 + 4.0 * dim**2 * (width - dim)),
+        "pairwise": models * (dim**3 / 3 + 3.0 * dim**2 * (width - dim)),
     }
     terms["total"] = sum(terms.values())
     return terms

@@ -14,6 +14,17 @@ The two halves live in :mod:`lmdecomp.lmd` and :mod:`lmdecomp.mpo`, the data sid
 from __future__ import annotations
 
 import importlib
+import os
+
+# numpy and scipy each bundle their own OpenBLAS, and after every call each library's idle threads
+# spin for 2^28 cycles (~0.1 s) before they sleep. The LMD fits alternate between the two (scipy's
+# Cholesky, dtrmm and dsyrk, numpy's matmul), so every call ran beside the other library's spinning
+# threads on the same cores. 2^20 cycles (~0.3 ms) still covers back-to-back calls; measured
+# 2026-12-06 (AMD EPYC, 2 threads, 12 models × 768): pairwise fits 5.6 → 4.3 s, leave-one-out
+# 26.9 → 24.7 s, the same bits (docs/performance.md). OpenBLAS reads it when it loads: scipy's
+# loads after this import in every entry point, numpy's only where lmdecomp is imported first
+# (and in every Snakemake job, whose scripts inherit the variable from the snakemake process).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 __version__ = "0.1.0"
 

@@ -71,3 +71,20 @@ def test_syrk_lower_lets_other_python_threads_run():
     spinner.join()
     # with the GIL held the spinner barely runs (a switch interval's worth at the start)
     assert during > 0.2 * after, (during, after, elapsed)
+
+
+@pytest.mark.parametrize("user_setting, expected", [(None, "20"), ("8", "8")])
+def test_importing_lmdecomp_shortens_openblas_idle_spin_unless_the_user_set_it(user_setting, expected):
+    """OpenBLAS reads OPENBLAS_THREAD_TIMEOUT when it loads, so `import lmdecomp` sets it (2^20
+    cycles, not 2^28) before scipy's OpenBLAS loads, and keeps a value the user gave."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if user_setting is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = user_setting
+    code = ("import os, sys; import lmdecomp; assert 'scipy.linalg' not in sys.modules; "
+            "print(os.environ['OPENBLAS_THREAD_TIMEOUT'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected

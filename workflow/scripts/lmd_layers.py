@@ -2,6 +2,8 @@
 relative depth, with bootstrap intervals (see lmdecomp.lmd.layers)."""
 
 import argparse
+
+import lmdecomp  # noqa: F401  before pyarrow loads numpy: sets OPENBLAS_THREAD_TIMEOUT (see lmdecomp/__init__.py)
 from pathlib import Path
 
 import pyarrow as pa

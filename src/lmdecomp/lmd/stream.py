@@ -19,6 +19,7 @@ from lmdecomp.lmd.moments import SPLITS, Moments, _symmetrise_from_lower, reduce
 
 T = TypeVar("T")
 _END = object()
+_GATHER_ROWS = 128  # 128 rows × 768 float32: 384 KiB, within a core's L2
 
 
 def read_ahead(items: Iterator[T]) -> Iterator[T]:
@@ -50,14 +51,22 @@ class ShardGroup:
     def width(self) -> int:
         return sum(b.shape[1] for b in self.blocks)
 
-    def gather(self, index: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def gather(self, index: "np.ndarray | slice", out: np.ndarray) -> np.ndarray:
         """Rows ``index`` of the float64 concatenation [x_1 | … | x_M] written into ``out``
-        (len(index) × width), block by block: one gather-and-convert pass per block, with no
-        joint temporary (allocating and then gathering from one cost more than the copy)."""
+        (len(index) × width), block by block, with no joint temporary (allocating and then
+        gathering from one cost more than the copy). An index array is gathered _GATHER_ROWS
+        rows at a time, so that the float32 rows numpy takes before converting them stay in
+        cache instead of making one more trip through memory (2026-12-06, AMD EPYC: the train
+        rows of bench_lmd's 372 shard files at N = 50,000, 0.64 → 0.36 s on one core)."""
         start = 0
         for block in self.blocks:
             stop = start + block.shape[1]
-            out[:, start:stop] = block[index]
+            if isinstance(index, slice):  # a view: converted as it is copied
+                out[:, start:stop] = block[index]
+            else:
+                for lo in range(0, len(index), _GATHER_ROWS):
+                    rows = index[lo:lo + _GATHER_ROWS]
+                    out[lo:lo + len(rows), start:stop] = block[rows]
             start = stop
         return out
 
