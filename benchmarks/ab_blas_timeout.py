@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             t = {arm: run_child(ARMS[arm], tmp / "moments.safetensors") for arm in order}
             digests |= {t[arm]["digest"] for arm in ARMS}
             total = {arm: t[arm]["pairwise"] + t[arm]["leave_one_out"] for arm in ARMS}
-            rows.append({"pair": pair, "first": order[0], **{f"{arm}": t[arm] for arm in ARMS},
+            rows.append({"pair": pair, "first": order[0], **{arm: t[arm] for arm in ARMS},
                          "ratio": total["spin 2^28"] / total["spin 2^20"]})
             print(f"pair {pair} ({order[0]} first): " + ", ".join(
                 f"{arm}: pairwise {t[arm]['pairwise']:.2f} s + leave-one-out {t[arm]['leave_one_out']:.2f} s"

@@ -36,6 +36,22 @@ def test_pairwise_fit_equals_numpy_lstsq(data):
                 assert lmd.r_squared(m, fit, s) == pytest.approx(expected, abs=1e-8)
 
 
+
+def test_pairwise_rows_equal_explicit_residuals_on_every_split(data):
+    """fit_pairwise scores val and test through one gram of each target's weights
+    (fits._block_grams); every row must equal R² from the residuals of numpy's least squares."""
+    blocks, split = data
+    names = ["a", "b", "c"]
+    rows = lmd.fit_pairwise(moments_of(blocks, names, split), 0.0)
+    train = split == "train"
+    for r in rows:
+        bi, ti = names.index(r["basis"]), names.index(r["target"])
+        w_ref, b_ref = lstsq_fit(blocks[bi][train], blocks[ti][train])
+        held = split == r["split"]
+        assert r["r2"] == pytest.approx(r2_direct(blocks[bi][held], blocks[ti][held], w_ref, b_ref), abs=1e-8)
+    assert len(rows) == 3 * 2 * 3
+
+
 def test_least_squares_on_a_layernorm_basis_is_refused_as_singular():
     """LayerNorm outputs satisfy Σ_j (x_j − β_j)/γ_j = 0 on every row, so their scatter is
     singular up to float32 rounding, and Cholesky succeeds (checked here): α = 0 must be refused
