@@ -213,21 +213,22 @@ def bound_flops(rows: int, models: int, dim: int) -> dict[str, float]:
     =============================================  ==========================
     moments of train, val, test: one syrk           rows·W²  (the floor's F)
     joint inverse: Cholesky W³/3 + inverse 2W³/3    W³
-    leave-one-out scores, val + test (one triangle)  2·Σ_m q·W² = 2·W³
+    leave-one-out scores: one Gram R Rᵀ per target  Σ_m q·W² = W³
     leave-one-out residual maps P_mm⁻¹ P_m·          2·q·W²
     pairwise, per basis: Cholesky, solve, scores    M·(p³/3 + 2·p²(W−p) + p²(W−p))
     =============================================  ==========================
 
     A syrk or trmm counts half the 2·m·n·k of a full product, as LAPACK/BLAS do. This is the
-    least arithmetic, not lmdecomp's own (its inverses are Cholesky plus inverse, and its
-    leave-one-out residual maps dgemms). The pairwise held-out scores are one syrk of each
-    target's weights, p²·q, shared by val and test (each split then needs only an elementwise
-    trace, tr(C_zz H_k)); until 2026-12-06 they were a product per split, 2·p²(W−p) here."""
+    least arithmetic known, not lmdecomp's own (its inverses are Cholesky plus inverse, and its
+    residual maps dgemms). Held-out scores are one syrk of each fit's weights or residual map,
+    shared by val and test (each split then needs only an elementwise trace): the pairwise ones
+    p²·q per target since 2026-12-06 (2·p²(W−p) per basis before), the leave-one-out ones q·W²
+    per target since 2026-12-07 (a triangular product per split, 2·W³ in all, before)."""
     width = models * dim
     terms = {
         "moments_syrk": float(rows) * width**2,
         "joint_inverse": float(width) ** 3,
-        "loo_scores": 2.0 * width**3,
+        "loo_scores": float(width) ** 3,
         "loo_residual_maps": 2.0 * dim * width**2,
         "pairwise": models * (dim**3 / 3 + 3.0 * dim**2 * (width - dim)),
     }

@@ -29,6 +29,18 @@ def test_syrk_lower_is_scipys_dsyrk_bit_for_bit_and_leaves_the_upper_triangle(ro
     assert np.array_equal(ours[upper], start[upper])
 
 
+@pytest.mark.parametrize("rows", [4, 0])
+def test_syrk_lower_with_beta_zero_overwrites_the_lower_triangle_without_reading_it(rows):
+    """beta = 0 (a leave-one-out fit's Gram, one buffer for every target): the lower triangle
+    becomes xᵀx even where it held NaN, and the upper one is left as it was."""
+    x = np.random.default_rng(5).standard_normal((rows, 6))
+    cross = np.triu(np.arange(36.0).reshape(6, 6), 1) + np.tril(np.full((6, 6), np.nan))
+    syrk_lower(cross, x, beta=0.0)
+    lower, upper = np.tril_indices(6), np.triu_indices(6, 1)
+    np.testing.assert_allclose(cross[lower], (x.T @ x)[lower], rtol=1e-12, atol=1e-12)
+    assert np.array_equal(cross[upper], np.arange(36.0).reshape(6, 6)[upper])
+
+
 def test_syrk_lower_adds_nothing_for_zero_rows():
     cross = np.arange(9.0).reshape(3, 3)
     syrk_lower(cross, np.empty((0, 3)))

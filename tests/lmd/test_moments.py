@@ -8,7 +8,7 @@ import pytest
 
 from lmd_helpers import _three_models
 from lmdecomp import lmd
-from lmdecomp.lmd.moments import _column_dots, _quadratic_form_sum, _sub, _symmetrise_from_lower
+from lmdecomp.lmd.moments import _column_dots, _sub, _symmetrise_from_lower, _traces_with_lower
 
 
 @pytest.mark.parametrize("width,block", [(700, 512), (1030, 512), (20, 7), (7, 7)])
@@ -21,17 +21,22 @@ def test_symmetrise_from_lower_across_row_bands(width, block):
     np.testing.assert_array_equal(a, expected)
 
 
-@pytest.mark.parametrize("rows,width", [(5, 40), (1, 1), (3, 7)])
-def test_quadratic_form_sum_from_one_triangle_equals_the_full_products(rows, width):
-    """Σ_rows r S rᵀ from S's lower triangle (dtrmm) against an explicit float64 loop over the
-    rows and i, j — on a contiguous S and on a block view of a larger scatter."""
-    rng = np.random.default_rng(width)
+@pytest.mark.parametrize("width,band", [(40, 256), (40, 16), (37, 5), (1, 256), (7, 7)])
+def test_traces_with_lower_triangle_equal_explicit_sums_over_both_matrices(width, band):
+    """tr(C H) for several symmetric C from H's lower triangle alone, band by band (widths past
+    one band, and a last partial one), against an explicit float64 loop over i, j of the full
+    matrices — C contiguous and as a block view of a larger scatter."""
+    rng = np.random.default_rng(width + band)
     big = rng.normal(size=(width + 9, width + 9))
     big = big + big.T
-    r = rng.normal(size=(rows, width))
-    for scatter in (np.ascontiguousarray(big[3:3 + width, 3:3 + width]), big[3:3 + width, 3:3 + width]):
-        expected = sum(row[i] * scatter[i, j] * row[j] for row in r for i in range(width) for j in range(width))
-        np.testing.assert_allclose(_quadratic_form_sum(scatter, r), expected, rtol=1e-12, atol=1e-12)
+    h = rng.normal(size=(width, width))
+    h = h + h.T
+    symmetric = [np.ascontiguousarray(big[3:3 + width, 3:3 + width]), big[3:3 + width, 3:3 + width],
+                 np.eye(width)]
+    expected = [sum(c[i, j] * h[i, j] for i in range(width) for j in range(width)) for c in symmetric]
+    got = _traces_with_lower(np.tril(h), symmetric, band=band)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert got[2] == pytest.approx(np.trace(h), rel=1e-12)
 
 
 @pytest.mark.parametrize("rows,cols", [

@@ -40,13 +40,13 @@ def _dsyrk():
     return ctypes.CFUNCTYPE(None, *_DSYRK_ARGS)(pointer_of(capsule, name_of(capsule)))
 
 
-def syrk_lower(cross: np.ndarray, rows: np.ndarray) -> None:
-    """cross += rowsᵀ rows on the lower triangle of the C-ordered square float64 ``cross``, in
-    place, the GIL released; ``rows`` (k × w) C-ordered float64. The upper triangle is left as
-    it was.
+def syrk_lower(cross: np.ndarray, rows: np.ndarray, beta: float = 1.0) -> None:
+    """cross = beta·cross + rowsᵀ rows on the lower triangle of the C-ordered square float64
+    ``cross``, in place, the GIL released; ``rows`` (k × w) C-ordered float64. The upper
+    triangle is left as it was; with ``beta`` = 0 the lower one is not read.
 
     In Fortran's column-major view ``cross`` is Cᵀ and ``rows`` is A = rowsᵀ (w × k, leading
-    dimension w), so the call is dsyrk('U', 'N'): the upper triangle of Cᵀ += A Aᵀ."""
+    dimension w), so the call is dsyrk('U', 'N'): the upper triangle of Cᵀ = beta·Cᵀ + A Aᵀ."""
     width = cross.shape[0]
     if cross.dtype != np.float64 or rows.dtype != np.float64 or cross.shape != (width, width) \
             or rows.ndim != 2 or rows.shape[1] != width:
@@ -54,9 +54,9 @@ def syrk_lower(cross: np.ndarray, rows: np.ndarray) -> None:
                          f"got {cross.dtype} {cross.shape} and {rows.dtype} {rows.shape}")
     if not (cross.flags.c_contiguous and cross.flags.writeable and rows.flags.c_contiguous):
         raise ValueError("syrk_lower needs a writeable C-ordered cross and C-ordered rows")
-    if rows.shape[0] == 0:
+    if rows.shape[0] == 0 and beta == 1.0:
         return
     n, k = ctypes.c_int(width), ctypes.c_int(rows.shape[0])
-    one = ctypes.c_double(1.0)
+    one, scale = ctypes.c_double(1.0), ctypes.c_double(beta)
     _dsyrk()(b"U", b"N", ctypes.byref(n), ctypes.byref(k), ctypes.byref(one), rows.ctypes.data_as(_DOUBLE),
-             ctypes.byref(n), ctypes.byref(one), cross.ctypes.data_as(_DOUBLE), ctypes.byref(n))
+             ctypes.byref(n), ctypes.byref(scale), cross.ctypes.data_as(_DOUBLE), ctypes.byref(n))

@@ -34,7 +34,8 @@ from scipy.linalg.lapack import dpotrf, dpotri
 
 from lmdecomp.lmd.alpha import _alpha_grid, _one_alpha, warn_if_alpha_at_grid_edge
 from lmdecomp.lmd.errors import LMDError
-from lmdecomp.lmd.moments import SPLITS, Moments, _column_dots, _dims_of, _sub, _symmetrise_from_lower
+from lmdecomp.lmd.moments import (SPLITS, Moments, _column_dots, _dims_of, _sub, _symmetrise_from_lower,
+                                  _traces_with_lower)
 
 
 def _check_basis(basis: Sequence[str], targets: Sequence[str]) -> None:
@@ -277,21 +278,16 @@ def _targets_r2(moments: Moments, split: str, basis_cols: np.ndarray, targets: S
         per_column = diagonal[cols] - 2.0 * fitted + quadratic + n * offset**2
         return 1.0 - np.add.reduceat(per_column, starts) / sst
     per_column = diagonal[cols] - 2.0 * fitted - n * weight_mean**2 + n * offset**2
-    quadratic = [_trace_with_upper(c_zz, h) for h in grams]
+    quadratic = [_traces_with_lower(h.T, [c_zz])[0] for h in grams]  # h.T: the lower triangle, C-ordered
     return 1.0 - (np.add.reduceat(per_column, starts) + quadratic) / sst
 
 
 def _block_grams(weight_t: np.ndarray, dims: Sequence[int]) -> list[np.ndarray]:
     """Per target block k (``dims`` its widths, in order) of ``weight_t`` (p × Q), the p × p Gram
-    H_k = W_kᵀ W_k of its weights, upper triangle only (dsyrk; the lower one is zero)."""
+    H_k = W_kᵀ W_k of its weights, in Fortran order (scipy's dsyrk), its upper triangle only and
+    the lower one zero: H_k.T is the C-ordered lower triangle :func:`_traces_with_lower` reads."""
     starts = np.cumsum([0, *dims])
     return [dsyrk(1.0, weight_t[:, a:b]) for a, b in zip(starts[:-1], starts[1:])]
-
-
-def _trace_with_upper(c: np.ndarray, h_upper: np.ndarray) -> float:
-    """tr(C H) = Σ C∘H for symmetric C and H, from H's upper triangle U (lower zero):
-    2 Σ C∘U − Σ_i C_ii H_ii."""
-    return float(2.0 * np.einsum("ij,ij->", c, h_upper) - np.diagonal(c) @ np.diagonal(h_upper))
 
 
 def fit_targets(moments: Moments, basis: Sequence[str], targets: Sequence[str], alpha,

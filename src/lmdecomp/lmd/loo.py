@@ -19,7 +19,8 @@ from lmdecomp.lmd.fits import (
     fit_ridge,
     ridge_penalty,
 )
-from lmdecomp.lmd.moments import SPLITS, Moments, _quadratic_form_sum
+from lmdecomp.lmd.blas import syrk_lower
+from lmdecomp.lmd.moments import SPLITS, Moments, _traces_with_lower
 
 
 def _ridge_inverse(moments: Moments, penalty: np.ndarray, band: int = 64) -> np.ndarray:
@@ -84,11 +85,12 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
 
     (λ_m is irrelevant to it). The residual map Rᵀ = P_mm⁻¹ P_m· (q × width) has −W on the
     basis columns and I on the target's, so e = Rᵀ(x − μ_train), and per split
-    SSE = Σ (Rᵀ S)∘Rᵀ + n ‖Rᵀ(μ − μ_train)‖²; on train, where W(S_rr + diag λ_r) = S_mr,
-    SSE = Σ Rᵀ∘S_m· − Σ_i λ_i ‖W_·i‖² needs no product with S. Cost per α: one Cholesky
-    inverse of the joint width plus, per target and held-out split, one triangular
-    width² × q product (:func:`_quadratic_form_sum`), instead of a fresh Cholesky of the basis
-    width per target."""
+    SSE = tr(C G) − n ‖Rᵀμ‖² + n ‖Rᵀ(μ − μ_train)‖² with G = R Rᵀ (width × width, one syrk of
+    Rᵀ's rows, shared by val and test; :func:`_traces_with_lower`); on train, where
+    W(S_rr + diag λ_r) = S_mr, SSE = Σ Rᵀ∘S_m· − Σ_i λ_i ‖W_·i‖² needs no product with S.
+    Cost per α: one Cholesky inverse of the joint width, and per target q·width² for G,
+    instead of a fresh Cholesky of the basis width per target. Every split is scored at every
+    α (the traces are memory-bound passes, cheap beside G), so nothing is refitted for test."""
     grid = _alpha_grid(alpha)
     strict = grid is None
     grid = grid or (float(alpha),)
@@ -98,21 +100,23 @@ def fit_leave_one_out(moments: Moments, alpha: "float | Sequence[float]") -> lis
     _check_moments_basis(moments, names, np.arange(width))  # every model is in some basis
     bounds = np.cumsum([0, *moments.dims])
     diagonal = moments.scatter_diagonal("train")
-    best: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}  # target → (val R², α, Rᵀ, λ)
+    best: dict[int, tuple[float, dict[str, float]]] = {}  # target → (α, R² per split) of the best val R²
+    gram = np.zeros((width, width))  # G of the target being scored; only its lower triangle is ever written
     for alpha_a in grid:
-        _fit_one_alpha(moments, alpha_a, ridge_penalty(diagonal, moments.dims, alpha_a), bounds, n, strict, best)
-    rows = _loo_rows(moments, best, bounds, grid)
+        _fit_one_alpha(moments, alpha_a, ridge_penalty(diagonal, moments.dims, alpha_a), bounds, n, strict, best, gram)
+    rows = _loo_rows(moments, best, grid)
     if not strict:
-        warn_if_alpha_at_grid_edge(grid, {names[m]: best[m][1] for m in best}, "leave-one-out fits")
+        warn_if_alpha_at_grid_edge(grid, {names[m]: best[m][0] for m in best}, "leave-one-out fits")
     return rows
 
 
 def _fit_one_alpha(moments: Moments, alpha_a: float, penalty: np.ndarray, bounds: np.ndarray, n: int, strict: bool,
-                   best: dict[int, tuple[float, float, np.ndarray, np.ndarray]]) -> None:
-    """Fit every target at ``alpha_a`` (``penalty`` its λ over all columns) and keep in ``best``
-    (target index → (val R², α, Rᵀ, λ)) the fits that beat its val R² so far. ``strict`` (one α,
-    not a grid): an ill-posed fit is an error, not skipped. The joint inverse is freed on return,
-    before the next α's is made."""
+                   best: dict[int, tuple[float, dict[str, float]]], gram: np.ndarray) -> None:
+    """Fit and score every target at ``alpha_a`` (``penalty`` its λ over all columns) and keep in
+    ``best`` (target index → (α, R² per split)) the fits that beat its val R² so far (first in
+    grid order on ties). ``strict`` (one α, not a grid): an ill-posed fit is an error, not
+    skipped. ``gram``: a width × width buffer for :func:`_residual_r2`. The joint inverse is
+    freed on return, before the next α's is made."""
     names, width = moments.names, moments.width
     inverse = _joint_inverse(moments, penalty, alpha_a, n)
     # at α = 0, skip (or refuse) the targets whose basis holds a singular model up front,
@@ -132,9 +136,11 @@ def _fit_one_alpha(moments: Moments, alpha_a: float, penalty: np.ndarray, bounds
             residual_t = _direct_residual_map(moments, target, basis, block, alpha_a, singular, strict, what)
             if residual_t is None:
                 continue
-        val = _residual_r2(moments, "val", target, block, residual_t)
-        if m not in best or val > best[m][0]:
-            best[m] = (val, alpha_a, residual_t, penalty)
+        basis_penalty = penalty.copy()
+        basis_penalty[block] = 0.0
+        r2 = _residual_r2(moments, target, block, residual_t, basis_penalty, gram)
+        if m not in best or r2["val"] > best[m][1]["val"]:
+            best[m] = (alpha_a, r2)
 
 
 def _joint_inverse(moments: Moments, penalty: np.ndarray, alpha_a: float, n: int) -> np.ndarray | None:
@@ -173,46 +179,40 @@ def _direct_residual_map(moments: Moments, target: str, basis: list[str], block:
     return residual_t
 
 
-def _loo_rows(moments: Moments, best: dict[int, tuple[float, float, np.ndarray, np.ndarray]], bounds: np.ndarray,
-              grid: Sequence[float]) -> list[dict]:
-    """The fit rows (target, split, r2, alpha) of each target's chosen fit in ``best``: its val R²
-    as chosen, train by the penalty shortcut (λ of the basis columns only), test from C."""
+def _loo_rows(moments: Moments, best: dict[int, tuple[float, dict[str, float]]], grid: Sequence[float]) -> list[dict]:
+    """The fit rows (target, split, r2, alpha) of each target's chosen fit in ``best``."""
     rows = []
     for m, target in enumerate(moments.names):
         if m not in best:
             raise LMDError(f"leave-one-out fit of {target!r}: no α of {list(grid)} gives a well-posed fit; "
                            "include an α > 0")
-        val, alpha_m, residual_t, penalty = best[m]
-        block = slice(bounds[m], bounds[m + 1])
-        basis_penalty = penalty.copy()
-        basis_penalty[block] = 0.0
-        r2 = {"train": _residual_r2(moments, "train", target, block, residual_t, basis_penalty), "val": val,
-              "test": _residual_r2(moments, "test", target, block, residual_t)}
-        rows.extend({"target": target, "split": split, "r2": float(r2[split]), "alpha": alpha_m} for split in SPLITS)
+        alpha_m, r2 = best[m]
+        rows.extend({"target": target, "split": split, "r2": r2[split], "alpha": alpha_m} for split in SPLITS)
     return rows
 
 
-def _residual_r2(moments: Moments, split: str, target: str, block: slice, residual_t: np.ndarray,
-                 train_penalty: np.ndarray | None = None) -> float:
-    """R² on ``split`` of the fit whose residual is e = Rᵀ(x − μ_train) (Rᵀ: q × width). On train,
-    ``train_penalty`` (width,: the basis columns' λ, 0 on the target's) gives the shortcut of
-    :func:`fit_leave_one_out`'s docstring instead of the width² × q product. Held out, from C
-    itself (S = C − n μμᵀ is never formed): Σ_rows r S rᵀ = Σ r C rᵀ − n ‖Rᵀμ‖²."""
-    n, mean = moments.count(split), moments.mean(split)
-    target_cols = np.arange(block.start, block.stop)
-    sst = _sst(moments, split, [target], target_cols, np.array([0]))[0]
-    if train_penalty is not None:
-        if split != "train":
-            raise LMDError("internal: the penalty shortcut holds on the train split only")
-        # Σ Rᵀ∘S_m· with S_m· = C_m· − n μ_m μᵀ, from the rows C_m· in place: Σ Rᵀ∘(μ_m μᵀ) = μ_m·(Rᵀμ)
-        sse = (np.vdot(residual_t, moments.cross["train"][block]) - n * mean[block] @ (residual_t @ mean)
-               - train_penalty @ np.einsum("ij,ij->j", residual_t, residual_t))
-    else:
-        residual_mean = residual_t @ mean
-        offset = residual_t @ (mean - moments.mean("train"))
-        sse = (_quadratic_form_sum(moments.cross[split], residual_t) - n * residual_mean @ residual_mean
-               + n * offset @ offset)
-    return float(1.0 - sse / sst)
+def _residual_r2(moments: Moments, target: str, block: slice, residual_t: np.ndarray, basis_penalty: np.ndarray,
+                 gram: np.ndarray) -> dict[str, float]:
+    """R² on every split of the fit whose residual is e = Rᵀ(x − μ_train) (Rᵀ: q × width).
+
+    Train by the shortcut of :func:`fit_leave_one_out`'s docstring (``basis_penalty``, width:
+    the basis columns' λ, 0 on the target's), with no width² product. Held out from C itself
+    (S = C − n μμᵀ is never formed): Σ_rows r S rᵀ = tr(C G) − n ‖Rᵀμ‖², G = R Rᵀ written into
+    ``gram``'s lower triangle by one syrk and read by val and test in one pass. Against a
+    triangular product of C and R per split (2·q·width² for the two), half the arithmetic:
+    2026-12-07, AMD EPYC, 2 threads, 12 models × 768: the 24 scores 13.8–14.0 s → 7.5–8.4 s."""
+    sst = {s: _sst(moments, s, [target], np.arange(block.start, block.stop), np.array([0]))[0] for s in SPLITS}
+    n, mean = moments.count("train"), moments.mean("train")
+    # Σ Rᵀ∘S_m· with S_m· = C_m· − n μ_m μᵀ, from the rows C_m· in place: Σ Rᵀ∘(μ_m μᵀ) = μ_m·(Rᵀμ)
+    sse = {"train": np.vdot(residual_t, moments.cross["train"][block]) - n * mean[block] @ (residual_t @ mean)
+           - basis_penalty @ np.einsum("ij,ij->j", residual_t, residual_t)}
+    held_out = [s for s in SPLITS if s != "train"]
+    syrk_lower(gram, np.ascontiguousarray(residual_t), beta=0.0)
+    for split, quadratic in zip(held_out, _traces_with_lower(gram, [moments.cross[s] for s in held_out])):
+        n_s, mean_s = moments.count(split), moments.mean(split)
+        residual_mean, offset = residual_t @ mean_s, residual_t @ (mean_s - mean)
+        sse[split] = quadratic - n_s * residual_mean @ residual_mean + n_s * offset @ offset
+    return {s: float(1.0 - sse[s] / sst[s]) for s in SPLITS}
 
 
 def summary_metrics(pairwise: list[dict], loo: list[dict]) -> dict:

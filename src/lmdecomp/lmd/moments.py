@@ -20,10 +20,6 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
-# Imported at load time, not lazily: threadpoolctl (blas_threads) pins only the BLAS
-# libraries already loaded, and scipy brings its own OpenBLAS.
-from scipy.linalg.blas import dtrmm
-
 from lmdecomp.atomic import atomic_path
 from lmdecomp.lmd.blas import syrk_lower
 from lmdecomp.lmd.errors import LMDError
@@ -58,20 +54,22 @@ def _columns(all_names: Sequence[str], dims: Sequence[int], names: Iterable[str]
     return np.concatenate([np.arange(starts[index[n]], starts[index[n] + 1]) for n in names])
 
 
-def _quadratic_form_sum(scatter: np.ndarray, rows: np.ndarray) -> float:
-    """Σ_i r_i S r_iᵀ over the rows r_i of ``rows`` (k × w, C order), S = ``scatter`` symmetric
-    (w × w): a leave-one-out fit's held-out residual sum of squares.
+def _traces_with_lower(lower: np.ndarray, symmetric: Sequence[np.ndarray], band: int = 256) -> np.ndarray:
+    """tr(C H) = Σ C∘H for each symmetric C of ``symmetric`` and the symmetric H of which
+    ``lower`` (C order, or a view) holds the lower triangle with the diagonal, its strict upper
+    triangle zero: 2 Σ_{i ≥ j} C_ij H_ij − Σ_i C_ii H_ii.
 
-    With S = T + Tᵀ − D (T its lower triangle with the diagonal, D the diagonal),
-    Σ_i r_i S r_iᵀ = 2 Σ (T Rᵀ)ᵀ∘R − Σ_j S_jj Σ_i r_ij²: one triangular product (dtrmm), half the
-    arithmetic of ``rows @ S``, and two whole-array reductions. After the moments, the largest
-    cost of the fits."""
-    rows = np.ascontiguousarray(rows)
-    # rows.T is rows' own memory in Fortran order (w × k), and scatter.T is S itself (symmetric)
-    # in Fortran order, so BLAS reads both without a transposing copy; the product's transpose
-    # is C-ordered like rows, so the two are dotted as flat arrays.
-    lower_times_rows = dtrmm(1.0, scatter.T, rows.T, side=0, lower=1)  # T Rᵀ, w × k
-    return float(2.0 * np.vdot(lower_times_rows.T, rows) - np.diagonal(scatter) @ np.einsum("ij,ij->j", rows, rows))
+    Reads only the lower triangles, a band of rows at a time, every C in the same pass over H:
+    at width 9,216 these are memory-bound passes, so each byte is read once."""
+    width = lower.shape[0]
+    totals = np.zeros(len(symmetric))
+    for lo in range(0, width, band):
+        hi = min(lo + band, width)
+        h_band = lower[lo:hi, :hi]  # the band's part of the triangle (its diagonal block's upper part is zero)
+        for k, c in enumerate(symmetric):
+            totals[k] += np.einsum("ij,ij->", c[lo:hi, :hi], h_band)
+    h_diagonal = np.diagonal(lower)
+    return 2.0 * totals - np.array([np.diagonal(c) @ h_diagonal for c in symmetric])
 
 
 def _symmetrise_from_lower(a: np.ndarray, block: int = 512) -> None:
