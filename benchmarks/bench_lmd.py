@@ -218,7 +218,7 @@ def bound_flops(rows: int, models: int, dim: int) -> dict[str, float]:
     pairwise, per basis: Cholesky, solve, scores    M·(p³/3 + 2·p²(W−p) + p²(W−p))
     =============================================  ==========================
 
-    A syrk or trmm counts half the 2·m·n·k of a full product, as LAPACK/BLAS do. This is the
+    A syrk counts half the 2·m·n·k of a full product, as LAPACK/BLAS do. This is the
     least arithmetic known, not lmdecomp's own (its inverses are Cholesky plus inverse, and its
     residual maps dgemms). Held-out scores are one syrk of each fit's weights or residual map,
     shared by val and test (each split then needs only an elementwise trace): the pairwise ones

@@ -29,16 +29,22 @@ def test_syrk_lower_is_scipys_dsyrk_bit_for_bit_and_leaves_the_upper_triangle(ro
     assert np.array_equal(ours[upper], start[upper])
 
 
-@pytest.mark.parametrize("rows", [4, 0])
-def test_syrk_lower_with_beta_zero_overwrites_the_lower_triangle_without_reading_it(rows):
+@pytest.mark.parametrize("rows, width", [(4, 6), (0, 6), (300, 257)])
+def test_syrk_lower_with_beta_zero_overwrites_the_lower_triangle_without_reading_it(rows, width):
     """beta = 0 (a leave-one-out fit's Gram, one buffer for every target): the lower triangle
-    becomes xᵀx even where it held NaN, and the upper one is left as it was."""
-    x = np.random.default_rng(5).standard_normal((rows, 6))
-    cross = np.triu(np.arange(36.0).reshape(6, 6), 1) + np.tril(np.full((6, 6), np.nan))
-    syrk_lower(cross, x, beta=0.0)
-    lower, upper = np.tril_indices(6), np.triu_indices(6, 1)
-    np.testing.assert_allclose(cross[lower], (x.T @ x)[lower], rtol=1e-12, atol=1e-12)
-    assert np.array_equal(cross[upper], np.arange(36.0).reshape(6, 6)[upper])
+    becomes xᵀx even where it held NaN, the upper one is left as it was, and the bits are scipy's
+    dsyrk with beta = 0 (at 257 wide on both BLAS threads, where the scaling is split too)."""
+    x = np.random.default_rng(5).standard_normal((rows, width))
+    start = np.triu(np.arange(float(width * width)).reshape(width, width), 1) + np.tril(np.full((width, width), np.nan))
+    ours = start.copy()
+    with blas_threads(2):
+        syrk_lower(ours, x, beta=0.0)
+        theirs = start.copy()
+        dsyrk(1.0, x.T, beta=0.0, c=theirs.T, trans=0, lower=0, overwrite_c=1)
+    lower, upper = np.tril_indices(width), np.triu_indices(width, 1)
+    np.testing.assert_allclose(ours[lower], (x.T @ x)[lower], rtol=1e-12, atol=1e-12)
+    assert np.array_equal(ours[upper], start[upper])
+    assert np.array_equal(ours, theirs)
 
 
 def test_syrk_lower_adds_nothing_for_zero_rows():

@@ -35,7 +35,7 @@ def test_leave_one_out_from_one_joint_inverse_equals_separate_solves(alpha, scal
     must equal an explicit ridge solve on its own concatenated basis, on every split, also
     when the models' scales differ by orders of magnitude (a variance ratio of 1e16 makes the
     joint scatter's condition number ~1e16: the singularity check must not refuse it)."""
-    rng = np.random.default_rng(21)
+    rng = np.random.default_rng(24)  # a seed where the grid's targets choose different α
     n, widths = 700, [6, 4, 8, 5]
     blocks = [b * s for b, s in zip(planted(rng, n, widths, noise=1.0), scales)]
     split = rng.choice(np.array(lmd.SPLITS, dtype=object), size=n, p=[0.5, 0.25, 0.25])
@@ -56,6 +56,8 @@ def test_leave_one_out_from_one_joint_inverse_equals_separate_solves(alpha, scal
         for s in lmd.SPLITS:
             assert got[s]["alpha"] == chosen
             assert got[s]["r2"] == pytest.approx(scores[chosen][s], abs=1e-10)
+    if len(grid) > 1:  # the targets' rows come from different α: each split's R² is its own α's
+        assert len({r["alpha"] for r in rows}) > 1
 
 
 def test_leave_one_out_without_ridge_when_the_joint_scatter_is_singular():
