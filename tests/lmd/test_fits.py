@@ -36,7 +36,6 @@ def test_pairwise_fit_equals_numpy_lstsq(data):
                 assert lmd.r_squared(m, fit, s) == pytest.approx(expected, abs=1e-8)
 
 
-
 def test_pairwise_rows_equal_explicit_residuals_on_every_split(data):
     """fit_pairwise scores val and test through one gram of each target's weights
     (fits._block_grams); every row must equal R² from the residuals of numpy's least squares."""

@@ -2,9 +2,9 @@
 confidence intervals from the block moments (see lmdecomp.lmd)."""
 
 import argparse
+import json
 
 import lmdecomp  # noqa: F401  before pyarrow loads numpy: sets OPENBLAS_THREAD_TIMEOUT (see lmdecomp/__init__.py)
-import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq

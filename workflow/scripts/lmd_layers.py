@@ -2,9 +2,9 @@
 relative depth, with bootstrap intervals (see lmdecomp.lmd.layers)."""
 
 import argparse
+from pathlib import Path
 
 import lmdecomp  # noqa: F401  before pyarrow loads numpy: sets OPENBLAS_THREAD_TIMEOUT (see lmdecomp/__init__.py)
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
