@@ -8,13 +8,14 @@ import pytest
 
 from lmd_helpers import _three_models
 from lmdecomp import lmd
-from lmdecomp.lmd.moments import _column_dots, _sub, _symmetrise_from_lower, _traces_with_lower
+from lmdecomp.lmd.moments import _column_dots, _GramTraces, _sub, _symmetrise_from_lower, _traces_with_lower
 
 
-@pytest.mark.parametrize("width,block", [(700, 512), (1030, 512), (20, 7), (7, 7)])
-def test_symmetrise_from_lower_across_row_bands(width, block):
-    """The lower triangle is copied onto the upper one a band of ``block`` rows at a time; widths
-    past one band (and a last partial band) must give numpy's tril + tril(−1)ᵀ exactly."""
+@pytest.mark.parametrize("width,block", [(700, 512), (1030, 512), (200, 64), (20, 7), (7, 7)])
+def test_symmetrise_from_lower_across_tiles(width, block):
+    """The lower triangle is copied onto the upper one a ``block`` × ``block`` tile at a time;
+    widths past one tile (and a last partial row and column of tiles) must give numpy's
+    tril + tril(−1)ᵀ exactly."""
     a = np.random.default_rng(width).normal(size=(width, width))
     expected = np.tril(a) + np.tril(a, -1).T
     _symmetrise_from_lower(a, block=block)
@@ -37,6 +38,27 @@ def test_traces_with_lower_triangle_equal_explicit_sums_over_both_matrices(width
     got = _traces_with_lower(np.tril(h), symmetric, band=band)
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
     assert got[2] == pytest.approx(np.trace(h), rel=1e-12)
+
+
+@pytest.mark.parametrize("width,band", [(40, 768), (40, 16), (37, 5), (9, 9), (1, 4)])
+def test_gram_traces_equal_explicit_sums_with_the_gram_formed(width, band):
+    """tr(C G), G = R Rᵀ never formed, band by band (one band, several, a last partial one),
+    against an explicit float64 loop over i, j of C and of G built by np.dot; two calls on one
+    instance with different R (the kept buffers must not carry anything over), C contiguous and
+    as a block view of a larger symmetric matrix."""
+    rng = np.random.default_rng(width * band)
+    big = rng.normal(size=(width + 9, width + 9))
+    big = big + big.T
+    symmetric = [np.ascontiguousarray(big[3:3 + width, 3:3 + width]), big[3:3 + width, 3:3 + width],
+                 np.eye(width)]
+    traces = _GramTraces(width, band=band)
+    for k in (6, 3):
+        rows_t = rng.normal(size=(k, width))
+        g = np.dot(rows_t.T, rows_t)
+        expected = [sum(c[i, j] * g[i, j] for i in range(width) for j in range(width)) for c in symmetric]
+        got = traces(rows_t, symmetric)
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+        assert got[2] == pytest.approx(np.sum(rows_t**2), rel=1e-12)  # tr G = ‖R‖²
 
 
 @pytest.mark.parametrize("rows,cols", [

@@ -147,10 +147,11 @@ def _check_pivots(factor_diagonal: np.ndarray, raw_diagonal: np.ndarray, what: s
 
 
 def _cholesky_inverse(a: np.ndarray, raw_diagonal: np.ndarray, what: str, check_pivots: bool,
-                      column_names: Sequence[str] | None = None) -> np.ndarray | None:
+                      column_names: Sequence[str] | None = None, symmetric: bool = True) -> np.ndarray | None:
     """a⁻¹ of the symmetric C-ordered ``a``, of which only the lower triangle is read, in place
     (one Cholesky, dpotrf, and its inverse, dpotri), returned as a full symmetric C-ordered
-    matrix; None if ``a`` is not positive definite. With ``check_pivots`` (least squares, α = 0),
+    matrix (``symmetric=False``: its lower triangle only, the upper one left as it was); None if
+    ``a`` is not positive definite. With ``check_pivots`` (least squares, α = 0),
     :func:`_check_pivots` on the factor first, ``raw_diagonal`` the columns' Σx²."""
     # a is C-ordered, so its transpose is the same memory in Fortran order: LAPACK works on it
     # in place, and the triangle it reads and fills is the lower one of ``a``.
@@ -163,7 +164,8 @@ def _cholesky_inverse(a: np.ndarray, raw_diagonal: np.ndarray, what: str, check_
     if info != 0:
         return None
     out = inverse.T
-    _symmetrise_from_lower(out)
+    if symmetric:
+        _symmetrise_from_lower(out)
     return out
 
 

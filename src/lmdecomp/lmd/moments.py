@@ -72,13 +72,52 @@ def _traces_with_lower(lower: np.ndarray, symmetric: Sequence[np.ndarray], band:
     return 2.0 * totals - np.array([np.diagonal(c) @ h_diagonal for c in symmetric])
 
 
-def _symmetrise_from_lower(a: np.ndarray, block: int = 512) -> None:
-    """Copy the lower triangle of the C-ordered square ``a`` onto its upper one, in place, a
-    band of rows at a time (no width² temporaries)."""
+class _GramTraces:
+    """tr(C G) for symmetric width × width matrices C and the Gram G = R Rᵀ of the columns of
+    Rᵀ (k × width), without forming G (a call per Rᵀ; the buffers are kept between calls):
+
+        tr(C G) = Σ_bands [2 Σ C_band,left ∘ (R_band R_leftᵀ) + tr(C_bb G_bb)]
+
+    over bands of ``band`` rows of G's lower triangle, the band's part left of its diagonal
+    block by one dgemm, the diagonal block by one syrk, each read by every C while in cache.
+    Against one syrk of all of G and then a pass over it (:func:`_traces_with_lower`): the same
+    arithmetic and no width² array, which at width 9,216 is 680 MB, and a first touch of such
+    an array cost 0.8 s of a leave-one-out fit at 12 × 768 (2026-12-07, AMD EPYC VM)."""
+
+    def __init__(self, width: int, band: int = 768) -> None:
+        self.band = band
+        self.left = np.empty(band * width)  # flat: each band's (rows × left) product is C-contiguous
+        self.diagonal: dict[int, np.ndarray] = {}  # by size; syrk writes the lower triangle, the upper stays 0
+
+    def __call__(self, rows_t: np.ndarray, symmetric: Sequence[np.ndarray]) -> np.ndarray:
+        width = rows_t.shape[1]
+        totals = np.zeros(len(symmetric))
+        for lo in range(0, width, self.band):
+            hi = min(lo + self.band, width)
+            band_t = rows_t[:, lo:hi]
+            if lo:
+                left = self.left[: (hi - lo) * lo].reshape(hi - lo, lo)
+                np.matmul(band_t.T, rows_t[:, :lo], out=left)
+                for i, c in enumerate(symmetric):
+                    totals[i] += 2.0 * np.einsum("ij,ij->", c[lo:hi, :lo], left)
+            if hi - lo not in self.diagonal:
+                self.diagonal[hi - lo] = np.zeros((hi - lo, hi - lo))
+            block = self.diagonal[hi - lo]
+            syrk_lower(block, np.ascontiguousarray(band_t), beta=0.0)
+            totals += _traces_with_lower(block, [c[lo:hi, lo:hi] for c in symmetric])
+        return totals
+
+
+def _symmetrise_from_lower(a: np.ndarray, block: int = 64) -> None:
+    """Copy the lower triangle of the C-ordered square ``a`` onto its upper one, in place, one
+    ``block`` × ``block`` tile at a time (no width² temporaries). Tiles, not bands of rows: a
+    transposed copy reads one cache line per element, and a 64 × 64 tile's lines stay in L1
+    (2026-12-07, AMD EPYC, width 9,216: 0.27 s per matrix in bands of 512 rows, 0.08 s in tiles)."""
     width = a.shape[0]
     for lo in range(0, width, block):
         hi = min(lo + block, width)
-        a[lo:hi, hi:] = a[hi:, lo:hi].T
+        for right in range(hi, width, block):
+            a[lo:hi, right:right + block] = a[right:right + block, lo:hi].T
         tile = a[lo:hi, lo:hi]
         upper = np.triu_indices(hi - lo, 1)
         tile[upper] = tile.T[upper]
