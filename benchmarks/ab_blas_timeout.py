@@ -2,8 +2,8 @@
 (OpenBLAS's default) against 2^20 (lmdecomp's default, set in ``lmdecomp/__init__.py``).
 
 numpy and scipy each load their own OpenBLAS. The fits alternate between them (scipy's dpotrf,
-dpotri, dsyrk, and dtrmm until 2026-12-07; numpy's matmul), and after each call the idle threads of the library that ran it
-keep spinning on the cores the other library now needs. OpenBLAS reads ``OPENBLAS_THREAD_TIMEOUT``
+dpotri, dsyrk, and dtrmm until 2026-12-07; numpy's matmul), and after each call the idle
+threads of the library that ran it keep spinning on the cores the other library now needs. OpenBLAS reads ``OPENBLAS_THREAD_TIMEOUT``
 only when it loads, so each arm is its own process. The moments come from one pass over the same
 synthetic shards as ``bench_lmd.py`` (12 models × 768, N train rows plus N/8 val and N/8 test),
 saved once; each child loads them and times all 132 pairwise and 12 leave-one-out fits (α = 1e-3)

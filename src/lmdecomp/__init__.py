@@ -18,8 +18,8 @@ import os
 
 # numpy and scipy each bundle their own OpenBLAS, and after every call each library's idle threads
 # spin for 2^28 cycles (~0.07 s here) before they sleep. The LMD fits alternate between the two (scipy's
-# Cholesky and dsyrk, and until 2026-12-07 dtrmm; numpy's matmul), so every call ran beside the other library's spinning
-# threads on the same cores. 2^20 cycles (~0.3 ms) still covers back-to-back calls; measured
+# Cholesky and dsyrk, and until 2026-12-07 dtrmm; numpy's matmul), so every call ran beside the
+# other library's spinning threads on the same cores. 2^20 cycles (~0.3 ms) still covers back-to-back calls; measured
 # 2026-12-06 (AMD EPYC, 2 threads, 12 models × 768): pairwise fits 5.6 → 4.3 s, leave-one-out
 # 26.9 → 24.7 s, the same bits (docs/performance.md). OpenBLAS reads it when it loads: scipy's
 # loads after this import in every entry point, numpy's only where lmdecomp is imported first

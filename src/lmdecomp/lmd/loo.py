@@ -19,7 +19,7 @@ from lmdecomp.lmd.fits import (
     fit_ridge,
     ridge_penalty,
 )
-from lmdecomp.lmd.moments import SPLITS, Moments, _GramTraces
+from lmdecomp.lmd.moments import SPLITS, Moments, _GramTraces, _symmetrise_from_lower
 
 
 def _ridge_inverse(moments: Moments, penalty: np.ndarray, band: int = 64) -> np.ndarray:
@@ -68,12 +68,12 @@ def _loo_residual_map(inverse: np.ndarray, block: slice) -> np.ndarray:
     see :func:`~lmdecomp.lmd.fits._ridge_solve`). P_m· is read from the lower triangle: left of
     the diagonal block as the rows themselves, right of it as the columns P_·m below it
     transposed, so P is never symmetrised (0.3 s of memory traffic at width 9,216)."""
-    p_mm = inverse[block, block]
-    inverse_mm = _cholesky_inverse(p_mm.copy(), np.diagonal(p_mm), "P_mm", False)
+    lower_mm = inverse[block, block]
+    inverse_mm = _cholesky_inverse(lower_mm.copy(), np.diagonal(lower_mm), "P_mm", False)
     if inverse_mm is None:
         raise LMDError("internal: a diagonal block of the joint inverse is not positive definite")
-    p_mm = np.tril(p_mm)
-    p_mm += np.tril(p_mm, -1).T
+    p_mm = lower_mm.copy()
+    _symmetrise_from_lower(p_mm)
     residual_t = np.empty((block.stop - block.start, len(inverse)))
     np.matmul(inverse_mm, inverse[block, : block.start], out=residual_t[:, : block.start])
     np.matmul(inverse_mm, p_mm, out=residual_t[:, block])
