@@ -73,3 +73,37 @@ def test_stale_temps_finds_what_a_sigkill_leaves_and_nothing_else(tmp_path):
     for other in (".data1.parquet.x.tmp", ".other.parquet.x.tmp", "data[1].parquet"):
         (tmp_path / other).write_bytes(b"")
     assert atomic.stale_temps(target) == [left]
+
+
+def test_the_next_write_of_a_path_deletes_what_killed_writes_left(tmp_path):
+    target = tmp_path / "out.json"
+    sigkill_inside_atomic_path(target)
+    (first,) = atomic.stale_temps(target)
+    sigkill_inside_atomic_path(target)  # a second killed write deletes the first's leftover
+    (second,) = atomic.stale_temps(target)
+    assert second != first
+    atomic.write_text(target, "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+def test_a_folder_write_deletes_killed_folder_writes_nested_in_its_temporary(tmp_path):
+    """The model stage pretrains into its own temporary folder, so a SIGKILL while the model
+    is saved leaves ``..{name}.{random}.tmp.{random}.tmp`` beside ``.{name}.{random}.tmp``."""
+    target = tmp_path / "model"
+    code = (
+        "import os, signal, sys\n"
+        "from lmdecomp.atomic import atomic_dir\n"
+        "with atomic_dir(sys.argv[1]) as outer, atomic_dir(outer) as inner:\n"
+        "    (inner / 'config.json').write_text('{}')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True)
+    assert proc.returncode == -signal.SIGKILL
+    (outer,) = atomic.stale_temps(target)
+    (inner,) = atomic.stale_temps(outer)
+    assert (inner / "config.json").is_file()
+    (tmp_path / "model.checkpoints").mkdir()  # not a temporary: kept
+    with atomic.atomic_dir(target) as tmp:
+        (tmp / "config.json").write_text('{"done": true}')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.checkpoints"]
+    assert (target / "config.json").read_text() == '{"done": true}'

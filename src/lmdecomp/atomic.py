@@ -37,6 +37,18 @@ def stale_temps_in(folder: str | os.PathLike) -> list[Path]:
     return sorted(Path(folder).glob(_tmp_prefix(Path("*")) + "*" + _TMP_SUFFIX))  # .{name}.{random}.tmp
 
 
+def remove_stale_temps(path: str | os.PathLike) -> None:
+    """Delete what killed writes of ``path`` left (see :func:`stale_temps`), with the temps of
+    writes nested in them: an atomic folder written into another's temporary (the model stage
+    pretrains into its own temporary) leaves ``..{name}.{random}.tmp.{random}.tmp``."""
+    for temp in stale_temps(path):
+        remove_stale_temps(temp)
+        if temp.is_dir() and not temp.is_symlink():
+            shutil.rmtree(temp)
+        else:
+            temp.unlink(missing_ok=True)
+
+
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -66,9 +78,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     The temporary file lives in the same folder so the final ``os.replace`` is an
     atomic rename on POSIX file systems. On any exception the temporary is removed.
     The caller must have closed its handle on the temporary when the block ends.
+    Temporaries of earlier writes of ``path`` are what a SIGKILL left and are deleted
+    first: a path has one writer at a time (Snakemake gives each output one job).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=_TMP_SUFFIX, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
@@ -86,9 +101,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary folder beside ``path``; move it onto ``path`` only on success."""
+    """Yield a temporary folder beside ``path``; move it onto ``path`` only on success.
+    Killed writes' temporaries are deleted first, as in :func:`atomic_path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
     tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=_TMP_SUFFIX, dir=path.parent))
     try:
         yield tmp

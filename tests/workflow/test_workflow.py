@@ -440,6 +440,8 @@ def test_sigkill_during_embedding_then_rerun_gives_the_same_artifacts(snakemake_
     import signal
     import time
 
+    from lmdecomp.models import embed
+
     work = copy_repo(repo_root, tmp_path)
     cmd = ["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml"]
     proc = subprocess.Popen(cmd, cwd=work, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -447,16 +449,19 @@ def test_sigkill_during_embedding_then_rerun_gives_the_same_artifacts(snakemake_
     deadline = time.monotonic() + 600
     embeddings = work / "results/embeddings"
     while time.monotonic() < deadline and proc.poll() is None:
-        if any(embeddings.glob(".*.partial/part-*.parquet")):  # a job has finished a shard
+        # a job has journalled a finished shard (a shard file not yet in the journal is not
+        # finished: a kill between its rename and the journal's update leaves it to be rewritten)
+        if any(embeddings.glob(f".*.partial/{embed.FINISHED}")):
             break
         time.sleep(0.2)
     assert proc.poll() is None, "snakemake finished before embedding started; nothing was interrupted"
     os.killpg(proc.pid, signal.SIGKILL)  # snakemake and every job it started
     proc.wait()
     assert not (work / "results/lmd/metrics.json").exists()
-    # Shards finished before the kill, in the jobs' work folders (.{model}.partial).
-    finished = {(folder.name[1:-len(".partial")], shard.name): shard.stat().st_ino
-                for folder in embeddings.glob(".*.partial") for shard in folder.glob("part-*.parquet")}
+    # Shards finished before the kill: those in the journals of the jobs' work folders (.{model}.partial).
+    finished = {(folder.name[1:-len(".partial")], name): (folder / name).stat().st_ino
+                for folder in embeddings.glob(".*.partial") if (folder / embed.FINISHED).is_file()
+                for name in json.loads((folder / embed.FINISHED).read_text())}
     assert finished, "no finished shard in a work folder at the kill"
 
     run(["snakemake", "--unlock", *cmd[1:]], work)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from lmdecomp.atomic import atomic_path, stale_temps
+from lmdecomp.atomic import atomic_path, remove_stale_temps
 from lmdecomp.models.mlm_head import masked_lm_loss
 from lmdecomp.models.masking import (
     _gen,
@@ -384,8 +384,7 @@ class _MLMRun:
         """Load the checkpoint in ``checkpoint_dir``, if any, into the model, optimiser and log."""
         if self.ckpt_path is None:
             return
-        for stale in stale_temps(self.ckpt_path):
-            stale.unlink(missing_ok=True)  # left behind by a run killed while saving
+        remove_stale_temps(self.ckpt_path)  # left behind by a run killed while saving
         if not self.ckpt_path.exists():
             return
         state = _read_checkpoint(self.ckpt_path, self.identity)
