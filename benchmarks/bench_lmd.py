@@ -29,7 +29,9 @@ no target.
   scores), timed at the floor's own measured GFLOP/s: ``bound = t_floor · flops / (N_all·W²)``.
 
 Targets: lmdecomp ≥ 10 × faster than the baseline; lmdecomp total ≤ 1.15 × the bound at
-N = 50,000 and at the larger RSS N (200,000), each printed beside total ÷ floor (restated
+N = 50,000 and at the larger RSS N (200,000), each printed beside total ÷ floor. At N = 50,000
+lmdecomp and the floor run ``--repeats`` rounds (default 3, the order alternating) and the
+target takes each arm's best, with the rounds' own ratios printed as their range (restated
 2026-12-02 from "total ≤ 1.5 × the floor", which the arithmetic alone exceeds at N = 50,000:
 see docs/performance.md); peak RSS flat in N (fresh subprocesses running accumulate_moments
 + all fits at two N: large ≤ 1.10 × small + 100 MiB). At the larger N the total is the
@@ -127,6 +129,16 @@ def timed(fn):
     return time.perf_counter() - start, out
 
 
+def time_lmdecomp(folders: dict[str, Path]) -> tuple[dict[str, float], lmd.Moments, list[dict], list[dict]]:
+    """lmdecomp's three timed steps: ({step: seconds, "total": …}, moments, pairwise rows, LOO rows)."""
+    t_acc, moments = timed(lambda: lmd.accumulate_moments(folders))
+    t_pair, pair = timed(lambda: lmd.fit_pairwise(moments, ALPHA))
+    t_loo, loo = timed(lambda: lmd.fit_leave_one_out(moments, ALPHA))
+    seconds = {"accumulate_moments": t_acc, "pairwise_all": t_pair, "leave_one_out_all": t_loo,
+               "total": t_acc + t_pair + t_loo}
+    return seconds, moments, pair, loo
+
+
 # --- the per-fit baseline ----------------------------------------------------------------
 
 def baseline_fit(x: torch.Tensor, labels: np.ndarray, zi: np.ndarray, ui: np.ndarray,
@@ -166,9 +178,7 @@ def zoo_report(embeddings: Path, params_file: Path) -> dict:
     missing = [str(f) for f in folders.values() if not (f / shards.MANIFEST).is_file()]
     if missing:
         raise SystemExit(f"--zoo: no embeddings at {', '.join(missing)}; run `make run` first")
-    t_acc, moments = timed(lambda: lmd.accumulate_moments(folders))
-    t_pair, pair = timed(lambda: lmd.fit_pairwise(moments, ALPHA))
-    t_loo, loo = timed(lambda: lmd.fit_leave_one_out(moments, ALPHA))
+    sec, moments, pair, loo = time_lmdecomp(folders)
     parts = list(lmd.aligned_shards(folders).rows)  # (split, float64 x in the moments' column order, seq_id)
     x_np = np.concatenate([x for _, x, _ in parts])
     labels = np.concatenate([np.asarray(split) for split, _, _ in parts])
@@ -184,10 +194,11 @@ def zoo_report(embeddings: Path, params_file: Path) -> dict:
                                            [dims[b] for b in basis]))
         t_base += t
         check.append(max(abs(r2[s] - ours[basis, target, s]) for s in lmd.SPLITS))
-    total = t_acc + t_pair + t_loo
+    total = sec["total"]
     return {"models": names_, "dims": [dims[n] for n in names_], "rows": dict(moments.n),
-            "seconds": {"accumulate_moments": t_acc, "pairwise_all": t_pair, "leave_one_out_all": t_loo,
-                        "lmdecomp_total": total, "floor_dsyrk": t_floor, "baseline_all_fits": t_base},
+            "seconds": {"accumulate_moments": sec["accumulate_moments"], "pairwise_all": sec["pairwise_all"],
+                        "leave_one_out_all": sec["leave_one_out_all"], "lmdecomp_total": total,
+                        "floor_dsyrk": t_floor, "baseline_all_fits": t_base},
             "baseline_over_lmdecomp": t_base / total, "lmdecomp_over_floor": total / t_floor,
             "baseline_vs_lmdecomp_max_abs_r2_diff": max(check)}
 
@@ -197,12 +208,8 @@ def zoo_report(embeddings: Path, params_file: Path) -> dict:
 def child_rss(root: str) -> None:
     folders = {p.name: p for p in sorted(Path(root).iterdir()) if p.is_dir()}
     with lmd.blas_threads(THREADS):
-        t_acc, moments = timed(lambda: lmd.accumulate_moments(folders))
-        t_pair, _ = timed(lambda: lmd.fit_pairwise(moments, ALPHA))
-        t_loo, _ = timed(lambda: lmd.fit_leave_one_out(moments, ALPHA))
-    print(json.dumps({"rows": sum(moments.n.values()), "peak_rss_mib": peak_rss_mib(),
-                      "lmdecomp_seconds": {"accumulate_moments": t_acc, "pairwise_all": t_pair,
-                                           "leave_one_out_all": t_loo, "total": t_acc + t_pair + t_loo}}))
+        seconds, moments, _, _ = time_lmdecomp(folders)
+    print(json.dumps({"rows": sum(moments.n.values()), "peak_rss_mib": peak_rss_mib(), "lmdecomp_seconds": seconds}))
 
 
 def bound_flops(rows: int, models: int, dim: int) -> dict[str, float]:
@@ -297,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="N = 4,000 train rows; RSS at 2,000 vs 4,000")
     parser.add_argument("--n-train", type=int, default=None, help="train rows (default 50,000)")
     parser.add_argument("--rss-sizes", type=int, nargs=2, default=None, help="train rows of the RSS runs (default 50000 200000)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds of lmdecomp and the floor at N (default 3); the target takes each arm's best")
     parser.add_argument("--models", type=int, default=None, help="number of models (default 12; --quick: 4)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     parser.add_argument("--zoo", type=Path, default=None, metavar="EMBEDDINGS",
@@ -306,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child_rss:
         child_rss(args.child_rss)
         return 0
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1; got {args.repeats}")
     torch.set_num_threads(THREADS)
     global MODELS
     MODELS = args.models or (4 if args.quick else 12)
@@ -321,18 +332,34 @@ def main(argv: list[str] | None = None) -> int:
         t_write, folders = timed(lambda: write_synthetic(tmp / "emb", n_train))
         print(f"wrote {MODELS} × {sum(split_sizes(n_train).values())} rows in {t_write:.1f}s", flush=True)
 
-        t_acc, moments = timed(lambda: lmd.accumulate_moments(folders))
-        print(f"lmdecomp accumulate_moments: {t_acc:.1f}s", flush=True)
-        t_pair, pair = timed(lambda: lmd.fit_pairwise(moments, ALPHA))
-        print(f"lmdecomp {n_pairs} pairwise fits: {t_pair:.1f}s", flush=True)
-        t_loo, loo = timed(lambda: lmd.fit_leave_one_out(moments, ALPHA))
-        print(f"lmdecomp {MODELS} leave-one-out fits: {t_loo:.1f}s", flush=True)
-        cols = {n: moments.columns([n]) for n in moments.names}
-        loo_cols = moments.columns([n for n in moments.names if n != "m00"])
-        del moments  # 3 × W² float64 (2 GB at W = 9,216): not held beside the 4.6 GB joint matrix
-        x_np, labels = load_in_memory(n_train)
-        t_floor = floor_seconds(x_np)
-        print(f"floor: dsyrk over {x_np.shape[0]} × {width}: {t_floor:.1f}s", flush=True)
+        x_np, labels = load_in_memory(n_train)  # the floor's input, held through the rounds
+        n_all = x_np.shape[0]
+        rounds = []
+        for i in range(args.repeats):
+            floor_first = i % 2 == 1  # alternating, so that a drift in the machine's speed reaches both arms
+            if floor_first:
+                t_floor_i = floor_seconds(x_np)
+            sec, moments, pair, loo = time_lmdecomp(folders)
+            if not floor_first:
+                t_floor_i = floor_seconds(x_np)
+            t_bound_i, _ = bound_seconds(t_floor_i, n_all, MODELS, DIM)
+            rounds.append({**sec, "floor_dsyrk": t_floor_i, "bound": t_bound_i, "over_bound": sec["total"] / t_bound_i})
+            print(f"round {i + 1}: lmdecomp {sec['total']:.1f}s (pass {sec['accumulate_moments']:.1f}, "
+                  f"{n_pairs} pairwise {sec['pairwise_all']:.1f}, {MODELS} leave-one-out {sec['leave_one_out_all']:.1f}), "
+                  f"floor dsyrk over {n_all} × {width} {t_floor_i:.1f}s → {rounds[-1]['over_bound']:.3f} of the bound",
+                  flush=True)
+            if i == 0:
+                first_r2 = (pair, loo)
+                cols = {n: moments.columns([n]) for n in moments.names}
+                loo_cols = moments.columns([n for n in moments.names if n != "m00"])
+            elif (pair, loo) != first_r2:
+                raise SystemExit(f"round {i + 1} fitted other R² than round 1: LMD is not deterministic")
+            del moments  # 3 × W² float64 (2 GB at W = 9,216)
+        # Best of the rounds for each arm: on a shared machine, noise only ever adds time.
+        best = min(rounds, key=lambda r: r["total"])
+        t_acc, t_pair, t_loo, t_total = (best[k] for k in ("accumulate_moments", "pairwise_all", "leave_one_out_all", "total"))
+        t_floor = min(r["floor_dsyrk"] for r in rounds)
+        pair, loo = first_r2
 
         x = torch.from_numpy(x_np)
         sample_pairs = [("m00", "m01"), (names()[-1], "m02"), ("m01", names()[-1])]
@@ -351,18 +378,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"baseline: {len(sample_pairs)} pairwise fits {t_pairs_sample:.1f}s, 1 LOO fit {t_loo_sample:.1f}s "
               f"→ extrapolated {t_base:.0f}s", flush=True)
 
-        t_total = t_acc + t_pair + t_loo
-        n_all = sum(split_sizes(n_train).values())
         t_bound, bound_over_floor = bound_seconds(t_floor, n_all, MODELS, DIM)
+        round_ratios = [r["over_bound"] for r in rounds]
         res.update({
             "seconds": {"write_shards": t_write, "accumulate_moments": t_acc, "pairwise_all": t_pair,
                         "leave_one_out_all": t_loo, "lmdecomp_total": t_total,
-                        "floor_dsyrk": t_floor, "baseline_sampled_pairwise_3": t_pairs_sample,
+                        "floor_dsyrk": t_floor, "rounds": rounds, "baseline_sampled_pairwise_3": t_pairs_sample,
                         "baseline_sampled_loo_1": t_loo_sample, "baseline_extrapolated_all_fits": t_base},
             "baseline_vs_lmdecomp_max_abs_r2_diff": max(check),
             "floor_gflops_per_s": n_all * width**2 / t_floor / 1e9,
             "bound": {"flops": bound_flops(n_all, MODELS, DIM), "seconds": t_bound, "over_floor": bound_over_floor,
-                      "lmdecomp_over_bound": t_total / t_bound, "lmdecomp_over_floor": t_total / t_floor},
+                      "lmdecomp_over_bound": t_total / t_bound, "lmdecomp_over_floor": t_total / t_floor,
+                      "rounds_lmdecomp_over_bound": round_ratios},
             "mean_test_r2": {"pairwise": float(np.mean([r["r2"] for r in pair if r["split"] == "test"])),
                              "leave_one_out": float(np.mean([r["r2"] for r in loo if r["split"] == "test"]))},
         })
@@ -386,20 +413,20 @@ def main(argv: list[str] | None = None) -> int:
               f"{res['large_n']['lmdecomp_over_floor']:.2f} of the floor", flush=True)
 
     small, large = (rss[n]["peak_rss_mib"] for n in rss_sizes)
-    fits = t_pair + t_loo
     targets = [
         ("baseline (extrapolated) time / lmdecomp total", ">= 10", t_base / t_total, t_base / t_total >= 10),
-        (f"lmdecomp total / bound, N={n_train}", "<= 1.15",
-         f"{t_total / t_bound:.3f} (floor {t_total / t_floor:.3f})", t_total / t_bound <= BOUND_TARGET),
+        (f"lmdecomp total / bound, N={n_train}, best of {len(rounds)}", "<= 1.15",
+         f"{t_total / t_bound:.3f} [{min(round_ratios):.3f}, {max(round_ratios):.3f}] (floor {t_total / t_floor:.3f})",
+         t_total / t_bound <= BOUND_TARGET),
         (f"lmdecomp total / bound, N={big} (RSS child)", "<= 1.15",
          f"{res['large_n']['lmdecomp_over_bound']:.3f} (floor {res['large_n']['lmdecomp_over_floor']:.3f})",
          res["large_n"]["lmdecomp_over_bound"] <= BOUND_TARGET),
         (f"peak RSS N={rss_sizes[1]} vs N={rss_sizes[0]} (MiB)", "<= 1.10x + 100 MiB", f"{large:.0f} vs {small:.0f}", large <= 1.10 * small + 100),
     ]
-    print(f"\n{'target':<50} {'wanted':<20} {'measured':<26} result")
+    print(f"\n{'target':<50} {'wanted':<20} {'measured':<36} result")
     for name, wanted, measured, ok in targets:
         shown = f"{measured:.3f}" if isinstance(measured, float) else measured
-        print(f"{name:<50} {wanted:<20} {shown:<26} {'PASS' if ok else 'FAIL'}")
+        print(f"{name:<50} {wanted:<20} {shown:<36} {'PASS' if ok else 'FAIL'}")
     print(f"\ndetail: accumulate {t_acc:.1f}s, pairwise {t_pair:.1f}s, leave-one-out {t_loo:.1f}s, "
           f"floor {t_floor:.1f}s, bound {t_bound:.1f}s ({bound_over_floor:.3f} × floor; at N={big}: "
           f"{bound_over_floor_big:.3f} × floor), R² check vs baseline {max(check):.1e}")
