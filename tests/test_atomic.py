@@ -52,17 +52,22 @@ def test_atomic_dir_fsyncs_every_file_before_the_rename(tmp_path, monkeypatch):
     assert events[replaced + 1:] == [("fsync", tmp_path.stat().st_ino)]
 
 
-def sigkill_inside_atomic_path(target) -> None:
-    """What a process killed (SIGKILL: no cleanup runs) halfway through an atomic write leaves."""
+def sigkill_inside(target, opened: str, written: str) -> None:
+    """What a process killed (SIGKILL: no cleanup runs) halfway through an atomic write leaves:
+    ``with {opened}:`` (``target`` is ``sys.argv[1]``), then the statement ``written``, then the kill."""
     code = (
         "import os, signal, sys\n"
-        "from lmdecomp.atomic import atomic_path\n"
-        "with atomic_path(sys.argv[1]) as tmp:\n"
-        "    tmp.write_bytes(b'half written')\n"
+        "from lmdecomp.atomic import atomic_dir, atomic_path\n"
+        f"with {opened}:\n"
+        f"    {written}\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True)
     assert proc.returncode == -signal.SIGKILL
+
+
+def sigkill_inside_atomic_path(target) -> None:
+    sigkill_inside(target, "atomic_path(sys.argv[1]) as tmp", "tmp.write_bytes(b'half written')")
 
 
 def test_stale_temps_finds_what_a_sigkill_leaves_and_nothing_else(tmp_path):
@@ -90,15 +95,8 @@ def test_a_folder_write_deletes_killed_folder_writes_nested_in_its_temporary(tmp
     """The model stage pretrains into its own temporary folder, so a SIGKILL while the model
     is saved leaves ``..{name}.{random}.tmp.{random}.tmp`` beside ``.{name}.{random}.tmp``."""
     target = tmp_path / "model"
-    code = (
-        "import os, signal, sys\n"
-        "from lmdecomp.atomic import atomic_dir\n"
-        "with atomic_dir(sys.argv[1]) as outer, atomic_dir(outer) as inner:\n"
-        "    (inner / 'config.json').write_text('{}')\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True)
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_inside(target, "atomic_dir(sys.argv[1]) as outer, atomic_dir(outer) as inner",
+                   "(inner / 'config.json').write_text('{}')")
     (outer,) = atomic.stale_temps(target)
     (inner,) = atomic.stale_temps(outer)
     assert (inner / "config.json").is_file()
