@@ -362,14 +362,13 @@ def main(argv: list[str] | None = None) -> int:
         (f"peak RSS {rss_sizes[1]} / {rss_sizes[0]} seqs (MiB)", "<= 1.10x + 50 MiB", f"{large:.0f} vs {small:.0f}", large <= 1.10 * small + 50),
     ]
     # what each speed target asks of the arithmetic: a fraction of the mode's own matmul peak
-    own_peak = peaks["bfloat16" if "bfloat16" in mode else "float32"]
-    needed = [(f"lmdecomp ({mode}) / sentence-transformers >= 1.3", peak_needed(1.3, methods["st"], within[fastest], own_peak),
-               within[fastest]["fraction_of_own_dtype_matmul_peak"], mode),
-              (f"lmdecomp ({mode}) / pipeline >= 3.0", peak_needed(3.0, methods["pipeline"], within[fastest], own_peak),
-               within[fastest]["fraction_of_own_dtype_matmul_peak"], mode),
-              ("lmdecomp float32 / sentence-transformers >= 1.0",
-               peak_needed(1.0, methods["st"], methods["lmdecomp_float32"], peaks["float32"]),
-               methods["lmdecomp_float32"]["fraction_of_own_dtype_matmul_peak"], "float32")]
+    speed_targets = [(fastest, 1.3, "st"), (fastest, 3.0, "pipeline"), ("lmdecomp_float32", 1.0, "st")]
+    needed = []
+    for name, ratio, reference in speed_targets:
+        dtype = name.removeprefix("lmdecomp_")
+        needed.append((f"lmdecomp ({dtype}) / {reference} >= {ratio}",
+                       peak_needed(ratio, methods[reference], methods[name], peaks[dtype]),
+                       methods[name]["fraction_of_own_dtype_matmul_peak"], dtype))
     results["peak_needed"] = [{"target": n, "fraction_of_own_peak_needed": f, "fraction_reached": r, "dtype": d}
                               for n, f, r, d in needed]
     if "lmdecomp_bfloat16" in methods:
