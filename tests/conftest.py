@@ -1,5 +1,6 @@
-"""Shared fixtures (a tiny seeded BERT saved as a model folder, the repository root), the writers
-of hand-made sequences and shards, the numpy references of the LMD fits, and the test tiers."""
+"""Shared fixtures (a tiny seeded BERT saved as a model folder, the repository root, the session's smoke
+run), the writers of hand-made sequences and shards, the numpy references of the LMD fits, and the
+test tiers."""
 
 from __future__ import annotations
 
@@ -128,3 +129,19 @@ def r2_direct(z, u, w, b):
     """Reference pooled R² of u ≈ z Wᵀ + b on explicit rows."""
     resid = u - z @ w.T - b
     return 1 - (resid**2).sum() / ((u - u.mean(axis=0)) ** 2).sum()
+
+
+@pytest.fixture(scope="session")
+def snakemake_run(repo_root, tmp_path_factory) -> Path:
+    """config/smoke.yaml through a plain local `snakemake --cores 2`, in a copy of the tree.
+
+    tests/workflow/test_workflow.py reads it and copies results out of it; test_slurm.py
+    compares the SLURM run's bytes with it. One run for both (a smoke DAG is 1.5–3 minutes of
+    two cores): the tests only read it, except the report test, which adds results/report.html."""
+    from test_workflow import copy_repo, run  # tests/workflow/, on sys.path once collected
+
+    work = copy_repo(repo_root, tmp_path_factory.mktemp("snakemake"))
+    # the jobs import lmdecomp from the copy, as the SLURM run's do: both run the copied code
+    run(["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml"], work,
+        extra_env={"PYTHONPATH": str(work / "src")})
+    return work

@@ -11,7 +11,8 @@ the plugin's job steps drop every SLURM_* variable, SLURM_CONF too, before calli
 The test then runs the smoke DAG with `snakemake --profile workflow/profiles/slurm` and
 checks that every job went through sbatch (the SLURM job ids in Snakemake's log, the
 plugin's per-job logs, squeue) and that the artifacts are byte-identical to a plain local
-`snakemake --cores 2` run. About five minutes on two cores; needs root.
+`snakemake --cores 2` run (the session's ``snakemake_run``, which test_workflow.py reads too).
+Three to six minutes on two cores; needs root.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def run_snakemake(args, cwd, env, timeout=SNAKEMAKE_TIMEOUT) -> str:
     """snakemake ARGS in CWD; returns stdout + stderr, fails the test on error or timeout.
 
     The jobs import lmdecomp from CWD/src (PYTHONPATH, which sbatch --export=ALL passes
-    on), not from the editable install: both runs use the code of the same snapshot.
+    on), not from the editable install, as the local run's do (tests/conftest.py).
     """
     cmd = ["snakemake", *args]
     env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(cwd) / "src"), env.get("PYTHONPATH")]))}
@@ -277,25 +278,6 @@ def slurm(tmp_path_factory):
         cluster.stop()
 
 
-@pytest.fixture(scope="module")
-def snapshot(repo_root, tmp_path_factory):
-    """One copy of the working tree for both runs (it may change while the test runs)."""
-    return copy_repo(repo_root, tmp_path_factory.mktemp("snapshot"))
-
-
-def clone(snapshot: Path, dest: Path) -> Path:
-    shutil.copytree(snapshot, dest, symlinks=True, dirs_exist_ok=True)
-    return dest
-
-
-@pytest.fixture(scope="module")
-def local_run(snapshot, tmp_path_factory):
-    """The reference: a plain local `snakemake --cores 2` run of the smoke config."""
-    work = clone(snapshot, tmp_path_factory.mktemp("local"))
-    run_snakemake(["--cores", "2", *SMOKE], work, base_env())
-    return work
-
-
 def fit_memory_to_node(profile: Path, node_mb: int) -> list[str]:
     """Lower any mem_mb in the copied profile that this node could never grant (sbatch would refuse)."""
     data = yaml.safe_load(profile.read_text())
@@ -321,8 +303,8 @@ def job_stats(log: str) -> dict[str, int]:
     return counts
 
 
-def test_smoke_dag_on_slurm_matches_the_local_run_byte_for_byte(slurm, local_run, snapshot, tmp_path):
-    work = clone(snapshot, tmp_path)
+def test_smoke_dag_on_slurm_matches_the_local_run_byte_for_byte(slurm, snakemake_run, repo_root, tmp_path):
+    work = copy_repo(repo_root, tmp_path)
     lowered = fit_memory_to_node(work / PROFILE / "config.yaml", int(slurm.node["RealMemory"]))
     if lowered:
         print(f"mem_mb lowered to this node's RealMemory: {', '.join(lowered)}")
@@ -356,7 +338,8 @@ def test_smoke_dag_on_slurm_matches_the_local_run_byte_for_byte(slurm, local_run
 
     # (b) the artifacts are the bytes a local run writes.
     slurm_files = all_result_files(work)
-    local_files = all_result_files(local_run)
+    local_files = all_result_files(snakemake_run)  # the session's local run (tests/conftest.py)
+    local_files.pop("results/report.html", None)  # added by test_workflow's report test, if it ran first
     assert sorted(slurm_files) == sorted(local_files)
     different = [rel for rel in local_files if local_files[rel] != slurm_files[rel]]
     assert different == [], f"SLURM and local runs wrote different bytes to {different}"
