@@ -53,11 +53,16 @@ run: install $(if $(filter config/full.yaml config/real.yaml,$(CONFIG)),$(VENV)/
 	$(BIN)/snakemake --cores $(CORES) $(if $(REAL),lmd_results) $(if $(CONFIG),--configfile $(CONFIG))
 
 # Every tier, as CI runs it; test-fast is the unit tier for the inner loop (markers: pyproject.toml).
+# Two pytest-xdist workers, a module at a time each, in the order tests/conftest.py gives (the
+# DAG tests first): one test often waits on a single core (DVC runs stages one by one, SLURM
+# polls), so a second worker fills the other. TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: install $(VENV)/.installed-decoders
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast: install $(VENV)/.installed-decoders
-	$(BIN)/python -m pytest -q -m unit
+	$(BIN)/python -m pytest -q -m unit $(XDIST)
 
 # Benchmarks: ratios measured side by side in one run (see docs/performance.md); exits
 # non-zero when a target is missed. BENCH_ARGS=--quick for a fast, smaller run.

@@ -5,6 +5,7 @@ test tiers."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,29 @@ TIERS = ("slow", "integration")
 
 
 def pytest_collection_modifyitems(items):
-    """Every test without a slower tier's marker is in the unit tier (``make test-fast``)."""
+    """Every test without a slower tier's marker is in the unit tier (``make test-fast``).
+
+    Then whole modules are put in the order they should start in under ``make test``'s two
+    pytest-xdist workers (``--dist loadscope --no-loadscope-reorder``: a module at a time per
+    worker, in this order): the modules that read the shared smoke run first (it and the tests
+    after it are the longest chain), then the other integration modules, the slow ones, and
+    the unit modules last, to fill the gaps. The order within a module is kept."""
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
+    rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        rank[module] = min(rank.get(module, 3), start_rank(item))
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+
+
+def start_rank(item) -> int:
+    if "snakemake_run" in getattr(item, "fixturenames", ()):
+        return 0
+    if item.get_closest_marker("integration"):
+        return 1
+    return 2 if item.get_closest_marker("slow") else 3
 
 
 def package_folder(spec: str) -> Path:
@@ -135,12 +155,35 @@ def r2_direct(z, u, w, b):
 def snakemake_run(repo_root, tmp_path_factory) -> Path:
     """config/smoke.yaml through a plain local `snakemake --cores 2`, in a copy of the tree.
 
-    tests/workflow/test_workflow.py reads it and copies results out of it; test_slurm.py
-    compares the SLURM run's bytes with it. One run for both (a smoke DAG is 1.5–3 minutes of
-    two cores): the tests only read it, except the report test, which adds results/report.html."""
+    tests/workflow/test_workflow.py reads it and copies results out of it; test_dvc.py,
+    test_failures.py and test_slurm.py compare their runs' bytes with it. One run for all of
+    them (a smoke DAG is 1.5–3 minutes of two cores), which the tests only read. Under
+    pytest-xdist the workers share it: the first to ask runs it under a file lock in the
+    folder that holds every worker's temporary folder, the others wait for it and read it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return _smoke_run(repo_root, tmp_path_factory.mktemp("snakemake"))
+    from filelock import FileLock  # a dependency of huggingface_hub, so of transformers
+
+    shared = tmp_path_factory.getbasetemp().parent  # this session's pytest-N/, above popen-gw0/ ...
+    work, done, failed = (shared / f"snakemake{suffix}" for suffix in ("", ".done", ".failed"))
+    with FileLock(shared / "snakemake.lock"):
+        if failed.exists():
+            raise AssertionError(f"the shared smoke run failed on another worker:\n{failed.read_text()}")
+        if not done.exists():
+            try:
+                _smoke_run(repo_root, work)
+            except BaseException as err:
+                failed.write_text(str(err))
+                raise
+            done.touch()
+    return work
+
+
+def _smoke_run(repo_root: Path, work: Path) -> Path:
     from test_workflow import copy_repo, run  # tests/workflow/, on sys.path once collected
 
-    work = copy_repo(repo_root, tmp_path_factory.mktemp("snakemake"))
+    work.mkdir(parents=True, exist_ok=True)
+    copy_repo(repo_root, work)
     # the jobs import lmdecomp from the copy, as the SLURM run's do: both run the copied code
     run(["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml"], work,
         extra_env={"PYTHONPATH": str(work / "src")})

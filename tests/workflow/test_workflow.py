@@ -1,14 +1,12 @@
-"""The DAG end to end: config/smoke.yaml through Snakemake and through DVC, in a temporary copy.
+"""The DAG end to end: config/smoke.yaml through Snakemake, in a temporary copy.
 
-These run the real engines on the real packaged models and corpus. The smoke run most of
+These run the real engine on the real packaged models and corpus. The smoke run most of
 them read (``snakemake_run``, tests/conftest.py) is made once per session and shared
-with test_slurm.py.
+with test_dvc.py, test_failures.py and test_slurm.py; the helpers here are theirs too.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import re
@@ -22,7 +20,6 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from lmdecomp import lmd
 from lmdecomp.data import shards
@@ -224,66 +221,6 @@ def test_decompose_on_the_smoke_shards_equals_the_pipelines_tables(snakemake_run
             assert np.abs(mine[column].to_numpy() - want[column].to_numpy()).max() < 1e-10, (table, column)
 
 
-def test_dvc_agrees_with_snakemake_byte_for_byte(snakemake_run, repo_root, tmp_path):
-    """Snakemake's outputs (params.yaml + --configfile), then `dvc commit`: `dvc status` is clean;
-    `dvc repro --force` from params.yaml merged by hand rewrites every artifact with the same
-    bytes; a further `dvc repro` does nothing."""
-    work = copy_repo(repo_root, tmp_path)
-    merged = load_params([repo_root / "params.yaml", repo_root / "config/smoke.yaml"])
-    (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
-    # the module's Snakemake run is the reference: copied, not rerun (a smoke DAG is ~100 s)
-    shutil.copytree(snakemake_run / "results", work / "results", copy_function=shutil.copy2,
-                    ignore=shutil.ignore_patterns("report.html"))
-    by_snakemake = all_result_files(work)
-
-    run(["dvc", "commit", "--force"], work)
-    assert "up to date" in run(["dvc", "status"], work).stdout
-
-    run(["dvc", "repro", "--force"], work)
-    by_dvc = all_result_files(work)
-    assert sorted(by_dvc) == sorted(by_snakemake)
-    assert [rel for rel in by_snakemake if by_snakemake[rel] != by_dvc[rel]] == []
-
-    again = run(["dvc", "repro"], work)
-    assert "Running stage" not in again.stdout
-    assert "up to date" in again.stdout
-
-    metrics = json.loads(run(["dvc", "metrics", "show", "--json"], work).stdout)
-    shown = json.dumps(metrics)
-    assert "loo_test_r2_mean" in shown and "results/finetune/bbc/mpobert/metrics.json" in shown
-    plots = json.loads(run(["dvc", "plots", "show", "--json", "--split"], work).stdout)["data"]
-    loo_rows = list(csv.DictReader(io.StringIO((work / "results/tables/lmd_loo.csv").read_text())))
-    for title in ("Leave-one-out LMD, test R² per target", "Fine-tuning, test metric against parameters",
-                  "results/figures/lmd_loo.png", "results/figures/finetune_tradeoff.png"):
-        assert title in plots, sorted(plots)
-    loo_data = json.dumps(plots["Leave-one-out LMD, test R² per target"])
-    assert all(row["target"] in loo_data for row in loo_rows)
-
-    # stages are named by model, and each tracks its own model's spec: editing one model
-    # leaves the others' stages up to date (as Snakemake does)
-    stages = run(["dvc", "stage", "list", "--name-only"], work).stdout.split()
-    assert {"model@minilm", "model@zoo-tiny", "embed@cassette"} <= set(stages)
-    edited = yaml.safe_load((work / "params.yaml").read_text())
-    edited["models"]["zoo-tiny"]["pretrain"]["seed"] = 1
-    (work / "params.yaml").write_text(yaml.safe_dump(edited, sort_keys=False))
-    changed = run(["dvc", "status"], work).stdout
-    assert "model@zoo-tiny:" in changed and "embed@zoo-tiny:" in changed
-    assert "model@minilm:" not in changed and "embed@cassette:" not in changed
-    (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
-
-    # an experiment with one parameter changed reruns the stage that reads it (the corpus stage
-    # only: the whole DAG again would take another smoke run; dvc repro above ran all of it)
-    run(["git", "add", "-A"], work)
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "smoke"], work)
-    run(["dvc", "exp", "run", "-S", "corpus.seq_len=64", "corpus"], work, timeout=900)
-    seqs = pq.read_table(work / "results/corpus/sequences.parquet")
-    assert max(seqs.column("n_tokens").to_pylist()) == 64
-    assert yaml.safe_load((work / "params.yaml").read_text())["corpus"]["seq_len"] == 64
-    assert run(["dvc", "exp", "list", "--name-only"], work).stdout.split()  # the experiment is recorded
-    shown = run(["dvc", "metrics", "show", "--json"], work)
-    assert "loo_test_r2_mean" in shown.stdout
-
-
 def test_shards_per_job_splits_the_moments_pass_and_reduces_to_the_same_bytes(snakemake_run, repo_root, tmp_path):
     """lmd.shards_per_job: one moments_part job per shard (4 here), then the reduce; the moments
     files are byte-identical to the one-pass run's."""
@@ -407,9 +344,10 @@ def test_broken_params_stop_snakemake_before_any_job(repo_root, tmp_path):
     assert not (work / "results").exists() or not any((work / "results").rglob("*.parquet"))
 
 
-def test_report_collects_every_figure(snakemake_run):
-    run(["snakemake", "--configfile", "config/smoke.yaml", "--report", "results/report.html"], snakemake_run)
-    html = (snakemake_run / "results/report.html").read_text(errors="replace")
+def test_report_collects_every_figure(snakemake_run, tmp_path):
+    report = tmp_path / "report.html"  # outside the shared run, which other tests compare file by file
+    run(["snakemake", "--configfile", "config/smoke.yaml", "--report", str(report)], snakemake_run)
+    html = report.read_text(errors="replace")
     for name in ("lmd_pairwise.png", "lmd_loo.png", "lmd_selection.png", "lmd_vs_cka.png", "lmd_layers.png",
                  "mpo_tradeoff.png", "finetune_tradeoff.png", "finetune.csv", "pairwise.parquet", "loo.parquet", "metrics.json"):
         assert name in html, name
@@ -429,70 +367,3 @@ def test_a_library_change_reruns_the_jobs_that_import_it_and_nothing_else(snakem
     rules = set(re.findall(r"^rule (\w+):", planned, flags=re.M))
     assert {"embed", "moments", "lmd_fit", "lmd_layers", "lmd_figures"} <= rules
     assert not rules & {"corpus", "model", "mpo", "variant", "task", "finetune"}
-
-
-# what `snakemake lmd_results` writes: the smoke run's files under these paths
-LMD_HALF = ("results/corpus/", "results/models/", "results/embeddings/", "results/lmd/", "results/metrics/models/",
-            "results/figures/lmd_", "results/tables/lmd_")
-
-
-def test_sigkill_during_embedding_then_rerun_gives_the_same_artifacts(snakemake_run, repo_root, tmp_path):
-    import signal
-    import time
-
-    from lmdecomp.models import embed
-
-    work = copy_repo(repo_root, tmp_path)
-    # the LMD half (corpus, models, embeddings, LMD): the MPO half reads no embedding
-    cmd = ["snakemake", "lmd_results", "--cores", "2", "--configfile", "config/smoke.yaml"]
-    proc = subprocess.Popen(cmd, cwd=work, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.monotonic() + 600
-    embeddings = work / "results/embeddings"
-    while time.monotonic() < deadline and proc.poll() is None:
-        # a job has journalled a finished shard (a shard file not yet in the journal is not
-        # finished: a kill between its rename and the journal's update leaves it to be rewritten)
-        if any(embeddings.glob(f".*.partial/{embed.FINISHED}")):
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "snakemake finished before embedding started; nothing was interrupted"
-    os.killpg(proc.pid, signal.SIGKILL)  # snakemake and every job it started
-    proc.wait()
-    assert not (work / "results/lmd/metrics.json").exists()
-    # Shards finished before the kill: those in the journals of the jobs' work folders (.{model}.partial).
-    finished = {(folder.name[1:-len(".partial")], name): (folder / name).stat().st_ino
-                for folder in embeddings.glob(".*.partial") if (folder / embed.FINISHED).is_file()
-                for name in json.loads((folder / embed.FINISHED).read_text())}
-    assert finished, "no finished shard in a work folder at the kill"
-
-    run(["snakemake", "--unlock", *cmd[1:]], work)
-    run([*cmd, "--rerun-incomplete"], work)
-    killed = all_result_files(work)
-    clean = {rel: data for rel, data in all_result_files(snakemake_run).items() if rel.startswith(LMD_HALF)}
-    assert sorted(killed) == sorted(clean)
-    assert [rel for rel in clean if clean[rel] != killed[rel]] == []
-    # The rerun resumed: the same files (not rewritten copies) became the output's shards.
-    for (model, shard), inode in finished.items():
-        assert (embeddings / model / shard).stat().st_ino == inode, (model, shard)
-    assert not list(embeddings.glob(".*.partial"))
-
-
-def test_a_bad_model_leaves_nothing_half_written_and_keep_going_finishes_the_rest(repo_root, tmp_path):
-    work = copy_repo(repo_root, tmp_path)
-    broken = work / "broken-model"
-    broken.mkdir()
-    (broken / "config.json").write_text("{}")
-    (broken / "vocab.txt").write_text("[PAD]\n")  # a tokenizer file, but no weights
-    smoke = yaml.safe_load((work / "config/smoke.yaml").read_text())
-    smoke["models"]["broken"] = {"path": str(broken)}
-    (work / "bad.yaml").write_text(yaml.safe_dump(smoke, sort_keys=False))
-    # the LMD half is enough: the broken model stops its embed and the moments; the MPO half does not read it
-    proc = run(["snakemake", "lmd_results", "--cores", "2", "--configfile", "bad.yaml", "--keep-going"], work,
-               check=False)
-    assert proc.returncode != 0
-    assert "model 'broken'" in (work / "results/logs/model/broken.log").read_text()
-    assert not (work / "results/models/broken").exists()
-    assert not (work / "results/embeddings/broken").exists()
-    for name in ("minilm", "cassette", "zoo-tiny"):  # the independent jobs still finished
-        assert (work / "results/embeddings" / name / "manifest.json").is_file(), name
-    assert not (work / "results/lmd/moments.safetensors").exists()
