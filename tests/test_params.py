@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 
+from lmdecomp import params
 from lmdecomp.params import ParamsError, UnlistedParam, bind_param_keys, load_params, merge_params, read_yaml, restrict_params, stage_param_keys
 
 
@@ -150,3 +153,24 @@ def test_rules_across_keys_name_the_keys(repo_root, tmp_path, overlay, named):
     with pytest.raises(ParamsError) as err:
         load_params([repo_root / "params.yaml", bad], repo_root / "workflow/schemas/params.schema.yaml")
     assert named in str(err.value)
+
+
+def test_an_edited_dvc_yaml_is_read_again(tmp_path):
+    """stage_param_keys keeps dvc.yaml's stages per version of the file: an edit is seen."""
+    dvc = write(tmp_path, "dvc.yaml", {"stages": {"fit": {"cmd": "x", "params": ["lmd.threads"]}}})
+    assert stage_param_keys("fit", dvc) == ["lmd.threads"]
+    write(tmp_path, "dvc.yaml", {"stages": {"fit": {"cmd": "x", "params": ["lmd.alpha", "zoo"]}}})
+    os.utime(dvc, ns=(dvc.stat().st_atime_ns, dvc.stat().st_mtime_ns + 1_000_000))  # a later edit, whatever the clock's grain
+    assert stage_param_keys("fit", dvc) == ["lmd.alpha", "zoo"]
+
+
+@pytest.mark.parametrize("rel", ["params.yaml", "dvc.yaml", "workflow/schemas/params.schema.yaml",
+                                 "workflow/profiles/slurm/config.yaml"]
+                         + [f"config/{name}.yaml" for name in ("smoke", "paper", "full", "real", "float32", "mpobert", "words")])
+def test_read_yaml_reads_what_pyyamls_pure_python_safe_loader_reads(repo_root, rel):
+    """read_yaml parses with libyaml (yaml.CSafeLoader) where PyYAML has it: the same data as the
+    pure-Python SafeLoader on every YAML file the workflow reads."""
+    assert yaml.__with_libyaml__  # PyYAML's wheels are built with it; without it read_yaml is the pure-Python path
+    assert issubclass(params._UniqueKeyLoader, yaml.CSafeLoader)
+    text = (repo_root / rel).read_text(encoding="utf-8")
+    assert read_yaml(repo_root / rel) == yaml.load(text, Loader=yaml.SafeLoader)

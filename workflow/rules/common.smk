@@ -3,9 +3,7 @@ import json
 import shlex
 from pathlib import Path
 
-import yaml
-
-from lmdecomp.params import bind_param_keys, load_params, restrict_params, stage_param_keys
+from lmdecomp.params import bind_param_keys, load_params, read_yaml, restrict_params, stage_param_keys
 
 
 def config_files():
@@ -77,7 +75,7 @@ _n_shards = -(-config["corpus"]["n_sequences"] // config["embed"]["shard_rows"])
 SHARD_PARTS = -(-_n_shards // _per_job) if _per_job else None
 
 
-_DVC_STAGES = yaml.safe_load((Path(workflow.basedir) / "dvc.yaml").read_text())["stages"]
+_DVC_STAGES = read_yaml(Path(workflow.basedir) / "dvc.yaml")["stages"]
 
 
 def code_deps(stage):
