@@ -191,18 +191,23 @@ DVC_PATH = Path("dvc.yaml")
 def stage_param_keys(stage: str, dvc_path: str | os.PathLike = DVC_PATH) -> list[str]:
     """The params.yaml keys (dotted paths) that dvc.yaml lists for ``stage``, as written there:
     a foreach stage may list ``models.${key}`` (:func:`bind_param_keys` fills it in)."""
-    path = Path(dvc_path).resolve()
-    stages = _dvc_stages(path, path.stat().st_mtime_ns if path.is_file() else None)
+    stages = dvc_stages(dvc_path)
     if stage not in stages:
         raise ParamsError(f"{dvc_path} has no stage {stage!r}; stages: {sorted(stages)}")
     spec = stages[stage].get("do", stages[stage])
     return [k for entry in spec.get("params") or [] for k in ([entry] if isinstance(entry, str) else entry)]
 
 
+def dvc_stages(dvc_path: str | os.PathLike = DVC_PATH) -> dict[str, Any]:
+    """dvc.yaml's stages, read once per version of the file: the Snakefile asks for every stage's
+    keys and code, and the modification time makes an edited file be read again. Callers must
+    not change what it returns."""
+    path = Path(dvc_path).resolve()
+    return _read_stages(path, path.stat().st_mtime_ns if path.is_file() else None)
+
+
 @functools.lru_cache(maxsize=4)
-def _dvc_stages(path: Path, mtime_ns: int | None) -> dict[str, Any]:
-    """dvc.yaml's stages, read once per version of the file (the Snakefile asks for every stage's
-    keys; the modification time makes an edited file be read again). Callers must not change them."""
+def _read_stages(path: Path, mtime_ns: int | None) -> dict[str, Any]:
     return read_yaml(path).get("stages", {})
 
 

@@ -3,7 +3,7 @@ import json
 import shlex
 from pathlib import Path
 
-from lmdecomp.params import bind_param_keys, load_params, read_yaml, restrict_params, stage_param_keys
+from lmdecomp.params import bind_param_keys, dvc_stages, load_params, restrict_params, stage_param_keys
 
 
 def config_files():
@@ -75,7 +75,7 @@ _n_shards = -(-config["corpus"]["n_sequences"] // config["embed"]["shard_rows"])
 SHARD_PARTS = -(-_n_shards // _per_job) if _per_job else None
 
 
-_DVC_STAGES = read_yaml(Path(workflow.basedir) / "dvc.yaml")["stages"]
+_DVC_STAGES = dvc_stages(Path(workflow.basedir) / "dvc.yaml")
 
 
 def code_deps(stage):
