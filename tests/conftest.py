@@ -13,31 +13,57 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TIERS = ("slow", "integration")
 
+# Under `make test`'s two pytest-xdist workers each worker, and what it starts, gets one
+# thread per thread pool (OpenMP for torch, OpenBLAS for numpy): two 2-thread pools on two
+# cores spin against each other. Measured: a zoo pretraining step took 2.8 x the CPU time with
+# 2 threads beside a busy core as with 1 (docs/performance.md, fifteenth session). Snakemake
+# sets OMP_NUM_THREADS per job itself; a value set by the caller is kept.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    for _pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_pool, "1")
+
+
+# The longest modules, started first under ``make test`` (two pytest-xdist workers, ``--dist
+# loadscope --no-loadscope-reorder``: a worker takes the next module in this order as soon as it
+# has two tests or fewer left). Both cores stay busy while they run, so their order matters less
+# than that the run ends on short unit modules: test_mpobert's three-minute
+# stable-initialisation test used to be the last on one worker while the other sat idle
+# (docs/performance.md, fifteenth session).
+LONG_MODULES_FIRST = (
+    "tests/workflow/test_failures.py",
+    "tests/workflow/test_decoders_dag.py",
+    "tests/workflow/test_slurm.py",
+    "tests/workflow/test_dvc.py",
+    "tests/workflow/test_workflow.py",
+    "tests/mpo/test_mpobert.py",
+)
+
 
 def pytest_collection_modifyitems(items):
     """Every test without a slower tier's marker is in the unit tier (``make test-fast``).
 
     Then whole modules are put in the order they should start in under ``make test``'s two
-    pytest-xdist workers (``--dist loadscope --no-loadscope-reorder``: a module at a time per
-    worker, in this order): the modules that read the shared smoke run first (it and the tests
-    after it are the longest chain), then the other integration modules, the slow ones, and
-    the unit modules last, to fill the gaps. The order within a module is kept."""
+    workers: :data:`LONG_MODULES_FIRST`, then the other modules that read the shared smoke run,
+    the other integration modules, the slow ones, and the unit modules last, to fill the gaps.
+    The order within a module is kept."""
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
-    rank: dict[str, int] = {}
+    rank: dict[str, tuple[int, int]] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
-        rank[module] = min(rank.get(module, 3), start_rank(item))
+        rank[module] = min(rank[module], start_rank(item, module)) if module in rank else start_rank(item, module)
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 
-def start_rank(item) -> int:
+def start_rank(item, module: str) -> tuple[int, int]:
+    if module in LONG_MODULES_FIRST:
+        return 0, LONG_MODULES_FIRST.index(module)
     if "snakemake_run" in getattr(item, "fixturenames", ()):
-        return 0
+        return 1, 0
     if item.get_closest_marker("integration"):
-        return 1
-    return 2 if item.get_closest_marker("slow") else 3
+        return 2, 0
+    return (3 if item.get_closest_marker("slow") else 4), 0
 
 
 def package_folder(spec: str) -> Path:

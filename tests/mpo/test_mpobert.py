@@ -276,7 +276,6 @@ def trained_base(tmp_path_factory):
               "num_layers": 2, "num_heads": 4, "max_length": 64, "steps": 1000, "batch_size": 32,
               "learning_rate": 0.003, "warmup_ratio": 0.1, "dropout": 0.0, "seed": 0}
     out = tmp_path_factory.mktemp("mpobert-base") / "model"
-    torch.set_num_threads(2)
     zoo.pretrain(recipe, train_texts, val_texts, out, progress=False, device="cpu")
     return AutoModelForMaskedLM.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out), train_texts, val_texts
 
