@@ -26,7 +26,7 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 # The longest modules, started first under ``make test`` (two pytest-xdist workers, ``--dist
 # loadscope --no-loadscope-reorder``: a worker takes the next module in this order as soon as it
 # has two tests or fewer left). Both cores stay busy while they run, so their order matters less
-# than that the run ends on short unit modules: test_mpobert's three-minute
+# than that the run ends on short unit modules: test_mpobert's four-minute
 # stable-initialisation test used to be the last on one worker while the other sat idle
 # (docs/performance.md, fifteenth session).
 LONG_MODULES_FIRST = (
@@ -52,7 +52,8 @@ def pytest_collection_modifyitems(items):
     rank: dict[str, tuple[int, int]] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
-        rank[module] = min(rank[module], start_rank(item, module)) if module in rank else start_rank(item, module)
+        item_rank = start_rank(item, module)
+        rank[module] = min(rank.get(module, item_rank), item_rank)
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 
